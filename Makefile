@@ -1,0 +1,34 @@
+# Quickstart: `make demo` then `make test`.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: demo paper test bench venv clean-runs
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[dev]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+## The demo suite (scikit-learn digits, small network, CPU) through DVC.
+demo: $(STAMP)
+	$(BIN)/python tools/use_suite.py demo
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/dvc repro
+	@echo ""
+	@echo "Report: $(CURDIR)/reports/README.md"
+
+## The paper suite (needs a CUDA GPU; run inside the container: docker/run.sh make paper).
+paper: $(STAMP)
+	$(BIN)/python tools/use_suite.py paper
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/dvc repro
+	@echo "Report: $(CURDIR)/reports/README.md"
+
+test: $(STAMP)
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -q
+
+bench: $(STAMP)
+	$(BIN)/python bench/selection.py
+	$(BIN)/python bench/step.py

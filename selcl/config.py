@@ -1,0 +1,267 @@
+"""params.yaml: load, merge a setting over `defaults`, and validate before any work.
+
+A setting's config is `defaults.<section>` updated by `settings.<name>.<section>`
+for each section (data, noise, model, warmup, pretrain, finetune, evaluate,
+baseline). Validation is strict: unknown keys are rejected with a "did you mean",
+types follow the schema below, ranges (α, β, rates in [0, 1]; K ≥ 1; epochs ≥ 1)
+and names (dataset, noise, arch, …) are checked. Every error is a `ConfigError`
+whose message names the full key, e.g. `settings.demo_sym40.pretrain.alpha`.
+"""
+from __future__ import annotations
+
+import copy
+import difflib
+from pathlib import Path
+
+import yaml
+
+SECTIONS = ("data", "noise", "model", "warmup", "pretrain", "finetune", "evaluate", "baseline")
+
+
+class ConfigError(ValueError):
+    """A bad value in params.yaml; the message names the key."""
+
+
+# --- value checks -----------------------------------------------------------------
+def _unit(v):
+    return 0.0 <= v <= 1.0 or "must be in [0, 1]"
+
+
+def _pos(v):
+    return v >= 1 or "must be ≥ 1"
+
+
+def _nonneg(v):
+    return v >= 0 or "must be ≥ 0"
+
+
+def _posf(v):
+    return v > 0 or "must be > 0"
+
+
+def _choice(*names):
+    def check(v):
+        return v in names or f"must be one of {', '.join(names)}"
+    return check
+
+
+def _int_list(v):
+    return all(isinstance(e, int) and not isinstance(e, bool) and e >= 0 for e in v) \
+        or "must be a list of non-negative integers"
+
+
+OPT_STR = (str, type(None))
+OPT_INT = (int, type(None))
+
+# section -> key -> (allowed types, check or None)
+SCHEMA: dict[str, dict[str, tuple]] = {
+    "data": {
+        "dataset": (str, _choice("digits", "cifar10", "cifar100", "imagefolder")),
+        "root": (str, None), "path": (OPT_STR, None), "subset": (OPT_INT, lambda v: v is None or _pos(v)),
+        "seed": (int, _nonneg), "download": (bool, None),
+    },
+    "noise": {
+        "kind": (str, _choice("none", "sym", "asym", "file")), "rate": (float, _unit),
+        "seed": (int, _nonneg), "include_true_class": (bool, None),
+        "asym_map": (str, _choice("auto", "cifar10", "cifar100", "cyclic")),
+        "file": (OPT_STR, None), "file_key": (OPT_STR, None),
+    },
+    "model": {
+        "arch": (str, _choice("preact_resnet18", "resnet18", "small")), "width": (int, _pos),
+        "blocks": (list, _int_list), "proj_dim": (int, _pos), "seed": (int, _nonneg),
+    },
+    "warmup": {
+        "method": (str, _choice("uns_cl", "sup_cl")), "epochs": (int, _pos), "batch_size": (int, _pos),
+        "lr": (float, _posf), "momentum": (float, _unit), "weight_decay": (float, _nonneg),
+        "temperature": (float, _posf), "queue_size": (int, _pos), "ema": (float, _unit),
+        "checkpoint_every": (int, _pos),
+    },
+    "pretrain": {
+        "epochs": (int, _pos), "batch_size": (int, _pos), "lr": (float, _posf),
+        "lr_warmup_epochs": (int, _nonneg), "lr_decay_epochs": (list, _int_list),
+        "lr_decay": (float, _posf), "momentum": (float, _unit), "weight_decay": (float, _nonneg),
+        "temperature": (float, _posf), "ema": (float, _unit), "queue_per_class": (int, _pos),
+        "memory_start_epoch": (int, _pos), "lambda_cls": (float, _nonneg), "lambda_sim": (float, _nonneg),
+        "alpha": (float, _unit), "beta": (float, _unit), "k": (int, _pos),
+        "knn_weighting": (str, _choice("uniform", "exp")), "knn_index": (str, _choice("flat", "ivf")),
+        "mixup": (bool, None), "memory": (bool, None), "selection": (bool, None),
+        "classifier": (bool, None), "sim_loss": (bool, None),
+        "selected_sets": (str, _choice("all", "T_G1", "T_G1_G2", "clean_assoc", "clean_all_pairs",
+                                       "clean_clean")),
+        "checkpoint_every": (int, _pos),
+    },
+    "finetune": {
+        "epochs": (int, _pos), "batch_size": (int, _pos), "lr": (float, _posf),
+        "momentum": (float, _unit), "weight_decay": (float, _nonneg), "mixup_alpha": (float, _posf),
+        "bootstrap": (float, _unit), "bootstrap_start": (int, _nonneg),
+        "augment": (str, _choice("weak", "strong")), "reinit_classifier": (bool, None),
+        "eval_last": (int, _pos), "checkpoint_every": (int, _pos),
+    },
+    "evaluate": {"k": (int, _pos), "sigma": (float, _posf), "tsne_points": (int, _nonneg)},
+    "baseline": {
+        "enabled": (bool, None), "epochs": (int, _pos), "batch_size": (int, _pos), "lr": (float, _posf),
+        "lr_decay_epochs": (list, _int_list), "lr_decay": (float, _posf), "momentum": (float, _unit),
+        "weight_decay": (float, _nonneg), "eval_last": (int, _pos), "checkpoint_every": (int, _pos),
+    },
+}
+TOP_KEYS = ("run", "suites", "defaults", "settings")
+
+
+def _did_you_mean(key: str, options) -> str:
+    close = difflib.get_close_matches(key, list(options), n=1, cutoff=0.6)
+    return f" (did you mean '{close[0]}'?)" if close else ""
+
+
+def _check_value(where: str, value, types, check) -> None:
+    types = types if isinstance(types, tuple) else (types,)
+    ok_type = isinstance(value, types)
+    if float in types and isinstance(value, int) and not isinstance(value, bool):
+        ok_type = True  # an int is a fine float (e.g. beta: 0)
+    if int in types and isinstance(value, bool):
+        ok_type = False  # yaml `true` is not a number
+    if not ok_type:
+        names = "/".join("null" if t is type(None) else t.__name__ for t in types)
+        raise ConfigError(f"{where}: expected {names}, got {value!r}")
+    if check is not None and value is not None:
+        verdict = check(value)
+        if verdict is not True:
+            raise ConfigError(f"{where} = {value!r}: {verdict}")
+
+
+def _check_section(where: str, section: str, values: dict, *, complete: bool) -> None:
+    if not isinstance(values, dict):
+        raise ConfigError(f"{where}: expected a mapping, got {values!r}")
+    schema = SCHEMA[section]
+    for key, value in values.items():
+        if key not in schema:
+            raise ConfigError(f"{where}.{key}: unknown key{_did_you_mean(key, schema)}")
+        _check_value(f"{where}.{key}", value, *schema[key])
+    if complete:
+        missing = [k for k in schema if k not in values]
+        if missing:
+            raise ConfigError(f"{where}: missing key(s) {', '.join(missing)}")
+
+
+def load_params(path: str | Path = "params.yaml") -> dict:
+    path = Path(path)
+    if not path.exists():
+        raise ConfigError(f"{path}: parameter file not found (run from the repository root)")
+    try:
+        params = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+    if not isinstance(params, dict):
+        raise ConfigError(f"{path}: expected a mapping at the top level")
+    return params
+
+
+def validate(params: dict) -> None:
+    """Validate the whole file: top keys, `defaults`, every setting, `run`, `suites`."""
+    for key in params:
+        if key not in TOP_KEYS:
+            raise ConfigError(f"{key}: unknown top-level key{_did_you_mean(key, TOP_KEYS)}")
+    for key in TOP_KEYS:
+        if key not in params:
+            raise ConfigError(f"{key}: missing top-level key")
+    defaults = params["defaults"]
+    if not isinstance(defaults, dict):
+        raise ConfigError("defaults: expected a mapping")
+    for section in defaults:
+        if section not in SCHEMA:
+            raise ConfigError(f"defaults.{section}: unknown section{_did_you_mean(section, SCHEMA)}")
+    for section in SECTIONS:
+        if section not in defaults:
+            raise ConfigError(f"defaults.{section}: missing section")
+        _check_section(f"defaults.{section}", section, defaults[section], complete=True)
+    settings = params["settings"]
+    if not isinstance(settings, dict) or not settings:
+        raise ConfigError("settings: expected a non-empty mapping of setting name -> sections")
+    for name in settings:
+        validate_setting(params, name)
+    run = params["run"]
+    if not isinstance(run, list) or not run:
+        raise ConfigError("run: expected a non-empty list of setting names")
+    for name in run:
+        if name not in settings:
+            raise ConfigError(f"run: unknown setting '{name}'{_did_you_mean(str(name), settings)}")
+    if len(set(run)) != len(run):
+        raise ConfigError("run: a setting is listed twice")
+    for suite, names in (params["suites"] or {}).items():
+        for name in names or []:
+            if name not in settings:
+                raise ConfigError(f"suites.{suite}: unknown setting '{name}'{_did_you_mean(str(name), settings)}")
+
+
+def validate_setting(params: dict, name: str) -> None:
+    settings = params.get("settings") or {}
+    if name not in settings:
+        raise ConfigError(f"settings.{name}: no such setting{_did_you_mean(name, settings)}")
+    setting = settings[name]
+    if not isinstance(setting, dict):
+        raise ConfigError(f"settings.{name}: expected a mapping of sections")
+    for section in setting:
+        if section not in SCHEMA:
+            raise ConfigError(f"settings.{name}.{section}: unknown section{_did_you_mean(section, SCHEMA)}")
+    for section in SECTIONS:
+        if section not in setting:
+            # DVC tracks settings.<name>.<section>: it must exist, `{}` for "no override".
+            raise ConfigError(f"settings.{name}.{section}: missing section (write `{section}: {{}}`)")
+        _check_section(f"settings.{name}.{section}", section, setting[section] or {}, complete=False)
+    cfg = resolve(params, name, validated=True)
+    _check_consistency(name, cfg)
+
+
+def _check_consistency(name: str, cfg: dict) -> None:
+    where = f"settings.{name}"
+    data, noise, model = cfg["data"], cfg["noise"], cfg["model"]
+    if data["dataset"] == "imagefolder" and not data["path"]:
+        raise ConfigError(f"{where}.data.path: required for dataset imagefolder")
+    if noise["kind"] == "file" and not noise["file"]:
+        raise ConfigError(f"{where}.noise.file: required for noise kind 'file'")
+    if noise["kind"] in ("sym", "asym") and noise["rate"] == 0.0:
+        pass  # allowed: a zero-rate control
+    if model["arch"] == "small" and not model["blocks"]:
+        raise ConfigError(f"{where}.model.blocks: needs at least one stage")
+    if len(model["blocks"]) > 4:
+        raise ConfigError(f"{where}.model.blocks: at most 4 stages")
+    ft = cfg["finetune"]
+    if ft["eval_last"] > ft["epochs"]:
+        raise ConfigError(f"{where}.finetune.eval_last = {ft['eval_last']}: must be ≤ finetune.epochs ({ft['epochs']})")
+    bl = cfg["baseline"]
+    if bl["eval_last"] > bl["epochs"]:
+        raise ConfigError(f"{where}.baseline.eval_last = {bl['eval_last']}: must be ≤ baseline.epochs ({bl['epochs']})")
+
+
+def resolve(params: dict, name: str, *, validated: bool = False) -> dict:
+    """The effective config of one setting: defaults updated section by section."""
+    if not validated:
+        validate_setting(params, name)
+    setting = params["settings"][name]
+    cfg = {}
+    for section in SECTIONS:
+        merged = copy.deepcopy(params["defaults"][section])
+        merged.update(copy.deepcopy(setting.get(section) or {}))
+        for key, (types, _) in SCHEMA[section].items():
+            types = types if isinstance(types, tuple) else (types,)
+            if float in types and isinstance(merged[key], int) and not isinstance(merged[key], bool):
+                merged[key] = float(merged[key])
+        cfg[section] = merged
+    cfg["name"] = name
+    return cfg
+
+
+def load_setting(name: str, path: str | Path = "params.yaml", sections=None) -> dict:
+    """Load params.yaml, validate the setting `name` (and only it) and return its config.
+
+    Each stage calls this for its own setting, so a typo anywhere in that setting —
+    or in `defaults` — stops the stage before any work."""
+    params = load_params(path)
+    defaults = params.get("defaults")
+    if not isinstance(defaults, dict):
+        raise ConfigError("defaults: missing or not a mapping")
+    for section in SECTIONS:
+        if section not in defaults:
+            raise ConfigError(f"defaults.{section}: missing section")
+        _check_section(f"defaults.{section}", section, defaults[section], complete=True)
+    validate_setting(params, name)
+    return resolve(params, name, validated=True)

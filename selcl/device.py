@@ -1,0 +1,78 @@
+"""The one device helper: every CUDA-specific choice lives here.
+
+Nothing else in `selcl` calls `.cuda()` or checks `torch.cuda.is_available()`;
+it asks this module. CUDA paths (bf16 autocast, channels_last, faiss GPU index)
+are chosen automatically and never change a stage's tracked params.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+
+import torch
+
+
+def get_device(preference: str = "auto") -> torch.device:
+    """'auto' → CUDA when available, else CPU. 'cpu' / 'cuda' force a device.
+
+    The environment variable SELCL_DEVICE overrides 'auto' (handy for tests and
+    for `dvc queue` workers pinned to one GPU via CUDA_VISIBLE_DEVICES).
+    """
+    if preference == "auto":
+        preference = os.environ.get("SELCL_DEVICE", "auto")
+    if preference == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if preference.startswith("cuda") and not torch.cuda.is_available():
+        raise RuntimeError(f"device '{preference}' was asked for but CUDA is not available")
+    return torch.device(preference)
+
+
+def is_cuda(device: torch.device | str) -> bool:
+    return torch.device(device).type == "cuda"
+
+
+def cuda_available() -> bool:
+    return torch.cuda.is_available()
+
+
+def autocast(device: torch.device):
+    """bf16 autocast for the network passes on CUDA (buys ~2x matmul throughput
+    on tensor cores); a no-op on CPU so CPU results stay exact float32.
+    Similarities, softmax and losses are computed in float32 by the callers."""
+    if is_cuda(device):
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def memory_format(device: torch.device) -> torch.memory_format:
+    """channels_last on CUDA: cuDNN's NHWC convolutions avoid layout transposes."""
+    return torch.channels_last if is_cuda(device) else torch.contiguous_format
+
+
+def synchronize(device: torch.device) -> None:
+    if is_cuda(device):
+        torch.cuda.synchronize(device)
+
+
+def faiss_gpu_available() -> bool:
+    """True when the installed faiss has GPU support and a GPU is visible."""
+    try:
+        import faiss  # noqa: F401
+    except ImportError:  # pragma: no cover - faiss is a hard dependency
+        return False
+    return bool(torch.cuda.is_available() and hasattr(faiss, "StandardGpuResources")
+                and faiss.get_num_gpus() > 0)
+
+
+def describe(device: torch.device) -> dict:
+    """Versions and device for the report (issue: record torch, CUDA, faiss, device)."""
+    info = {"torch": torch.__version__, "cuda": torch.version.cuda or "none",
+            "device": str(device)}
+    try:
+        import faiss
+        info["faiss"] = getattr(faiss, "__version__", "unknown")
+    except ImportError:  # pragma: no cover
+        info["faiss"] = "missing"
+    if is_cuda(device):
+        info["gpu"] = torch.cuda.get_device_name(device)
+    return info

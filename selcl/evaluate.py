@@ -1,0 +1,67 @@
+"""Weighted k-NN evaluation (SPEC §8) and test accuracy.
+
+score(c) = Σ_{j ∈ N_K(x)} exp(sim(z_x, z_j)/σ) · [label_j = c], K = 200, σ = 0.1.
+The paper's protocol uses the clean training labels; the noisy-label protocol is
+what a practitioner can compute. Both are reported, top-1 and top-5.
+"""
+from __future__ import annotations
+
+import torch
+
+from . import augment
+from .device import autocast, memory_format
+from .knn import knn_search
+
+
+@torch.no_grad()
+def embed(model, x_uint8: torch.Tensor, mean, std, *, batch_size: int = 1024):
+    """z (L2-normalised, float32) and logits of un-augmented images, eval mode.
+
+    x_uint8: [N,3,H,W] uint8 on the model's device → (z [N,d], logits [N,C])."""
+    was_training = model.training
+    model.eval()
+    device = x_uint8.device
+    zs, logits = [], []
+    for start in range(0, x_uint8.shape[0], batch_size):
+        x = augment.normalize(x_uint8[start:start + batch_size], mean, std)
+        x = x.contiguous(memory_format=memory_format(device))
+        with autocast(device):
+            z, out = model(x)
+        zs.append(z.float())
+        logits.append(out.float())
+    model.train(was_training)
+    return torch.cat(zs), torch.cat(logits)
+
+
+@torch.no_grad()
+def weighted_knn_scores(train_z, train_labels, test_z, num_classes: int, *, k: int = 200,
+                        sigma: float = 0.1):
+    """Class scores [M, C] of the weighted k-NN classifier (float32)."""
+    sims, idx = knn_search(test_z, train_z, k)
+    weights = torch.exp(sims / sigma)                                   # exp(sim/σ)
+    votes = torch.zeros(test_z.shape[0], num_classes, device=test_z.device)
+    votes.scatter_add_(1, train_labels[idx], weights)                   # Σ w·[label = c]
+    return votes
+
+
+def topk_accuracy(scores: torch.Tensor, labels: torch.Tensor, ks=(1, 5)) -> dict:
+    """Percent of rows whose label is among the top-k scores (ties: lower class id)."""
+    out = {}
+    order = torch.argsort(-scores, dim=1, stable=True)
+    for kk in ks:
+        kk_eff = min(kk, scores.shape[1])
+        hit = (order[:, :kk_eff] == labels[:, None]).any(dim=1)
+        out[f"top{kk}"] = 100.0 * hit.float().mean().item()
+    return out
+
+
+def weighted_knn_accuracy(train_z, train_labels, test_z, test_labels, num_classes: int, *,
+                          k: int = 200, sigma: float = 0.1) -> dict:
+    scores = weighted_knn_scores(train_z, train_labels, test_z, num_classes, k=k, sigma=sigma)
+    return topk_accuracy(scores, test_labels)
+
+
+def test_accuracy(model, x_test, y_test, mean, std) -> float:
+    """Top-1 classifier accuracy (percent) on un-augmented test images."""
+    _, logits = embed(model, x_test, mean, std)
+    return 100.0 * (logits.argmax(1) == y_test).float().mean().item()

@@ -1,0 +1,442 @@
+"""Training loops: Uns-CL warm-up, Sel-CL pre-training, Sel-CL+ fine-tuning, CE baseline.
+
+Read top to bottom: `TrainData` (GPU-resident uint8 images), the LR schedule, then
+one function per stage. Each loop
+
+  * keeps images on the training device as uint8 and augments them there in
+    batches (no DataLoader workers, no host↔device copies inside a step);
+  * draws every random number from one `torch.Generator` (and a numpy Generator
+    for Beta draws), so a run is a pure function of its params and seeds;
+  * saves its complete state (models, EMA, optimiser, queues, memory, RNG states,
+    last selection, history) every `checkpoint_every` epochs and resumes from it,
+    continuing exactly as if never stopped;
+  * returns a per-epoch history (list of dicts) that the stage writes for `dvc plots`.
+
+SPEC sections: warm-up §4, selection §5, pre-training loss §6, fine-tuning §7.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+from . import augment, losses
+from .checkpoint import Checkpointer
+from .device import autocast, memory_format
+from .evaluate import embed, test_accuracy, weighted_knn_accuracy
+from .memory import KeyQueue, LabelledMemory
+from .models import EMA, build_model
+from .pairs import pair_rule
+from .selection import Selection, select
+
+
+# ----------------------------------------------------------------------------- data
+@dataclass
+class TrainData:
+    """Everything a loop needs, resident on the training device."""
+    x: torch.Tensor          # uint8 [N,3,H,W]
+    noisy: torch.Tensor      # int64 [N]   ỹ
+    clean: torch.Tensor      # int64 [N]   y (evaluation only)
+    x_test: torch.Tensor     # uint8 [M,3,H,W]
+    y_test: torch.Tensor     # int64 [M]
+    mean: tuple
+    std: tuple
+    num_classes: int
+
+    @classmethod
+    def build(cls, arrays: dict, labels: dict, device: torch.device) -> "TrainData":
+        t = lambda a, dt=None: torch.as_tensor(np.ascontiguousarray(a), dtype=dt).to(device)  # noqa: E731
+        return cls(x=t(arrays["x_train"]), noisy=t(labels["noisy"], torch.int64),
+                   clean=t(labels["clean"], torch.int64), x_test=t(arrays["x_test"]),
+                   y_test=t(arrays["y_test"], torch.int64), mean=tuple(arrays["mean"]),
+                   std=tuple(arrays["std"]), num_classes=int(labels["num_classes"]))
+
+    @classmethod
+    def load(cls, run_dir, device: torch.device) -> "TrainData":
+        """Read runs/<setting>/data.npz and labels.npz (outputs of the data and noise stages)."""
+        from .checkpoint import CheckpointError
+        from .data import load_arrays
+        from pathlib import Path
+        labels_path = Path(run_dir) / "labels.npz"
+        if not labels_path.exists():
+            raise CheckpointError(f"{labels_path}: not found (run the noise stage first)")
+        arrays = load_arrays(Path(run_dir) / "data.npz")
+        with np.load(labels_path) as f:
+            labels = {k: f[k] for k in f.files}
+        d = {"x_train": arrays.x_train, "y_train": arrays.y_train, "x_test": arrays.x_test,
+             "y_test": arrays.y_test, "mean": arrays.mean, "std": arrays.std}
+        return cls.build(d, labels, device)
+
+    @property
+    def n(self) -> int:
+        return self.x.shape[0]
+
+
+def make_model(model_cfg: dict, num_classes: int, device: torch.device):
+    torch.manual_seed(model_cfg["seed"])            # paper: initialisation seed 1
+    model = build_model(model_cfg["arch"], num_classes, width=model_cfg["width"],
+                        blocks=tuple(model_cfg["blocks"]), proj_dim=model_cfg["proj_dim"])
+    return model.to(device).to(memory_format=memory_format(device))
+
+
+def sgd(model, cfg: dict):
+    return torch.optim.SGD(model.parameters(), lr=cfg["lr"], momentum=cfg["momentum"],
+                           weight_decay=cfg["weight_decay"])
+
+
+def lr_at(cfg: dict, epoch: int, it: int, iters: int) -> float:
+    """Linear warm-up from lr/100 over `lr_warmup_epochs` (per iteration), then ×lr_decay
+    at each epoch in `lr_decay_epochs` (epochs are 1-based)."""
+    base, warm = cfg["lr"], cfg.get("lr_warmup_epochs", 0)
+    t = (epoch - 1) + it / iters                    # fractional epochs done
+    if t < warm:
+        return base / 100 + (base - base / 100) * t / warm
+    return base * cfg.get("lr_decay", 1.0) ** sum(epoch >= m for m in cfg.get("lr_decay_epochs", []))
+
+
+def set_lr(opt, lr: float) -> None:
+    for group in opt.param_groups:
+        group["lr"] = lr
+
+
+def _views(x_uint8, g, data, strong: bool = True):
+    """One augmented float view (channels_last on CUDA)."""
+    fn = augment.strong_augment if strong else augment.weak_augment
+    v = fn(x_uint8, g, data.mean, data.std)
+    return v.contiguous(memory_format=memory_format(x_uint8.device))
+
+
+def _batches(n: int, batch_size: int, g: torch.Generator, device):
+    """Shuffled index batches, last incomplete batch dropped (as the authors' loaders)."""
+    perm = torch.randperm(n, generator=g, device=device)
+    for start in range(0, n - batch_size + 1, batch_size):
+        yield perm[start:start + batch_size]
+
+
+def _progress(iterable, desc: str, total=None, initial=0):
+    return tqdm(iterable, desc=desc, total=total, initial=initial, dynamic_ncols=True, leave=True)
+
+
+def _rng_state(g: torch.Generator, np_rng: np.random.Generator) -> dict:
+    return {"torch": g.get_state(), "numpy": np_rng.bit_generator.state}
+
+
+def _set_rng_state(g, np_rng, state) -> None:
+    g.set_state(state["torch"])
+    np_rng.bit_generator.state = state["numpy"]
+
+
+def _generators(seed: int, device):
+    g = torch.Generator(device=device)
+    g.manual_seed(seed)
+    return g, np.random.default_rng(seed)
+
+
+# ------------------------------------------------------------------- warm-up (§4)
+def warmup(cfg: dict, data: TrainData, device, ckpt: Checkpointer):
+    """Uns-CL (MoCo): query from view 1 (online), key from view 2 (EMA), negatives
+    from a queue of EMA keys, τ = 0.1. Option `sup_cl`: Sup-CL on all noisy pairs + CE."""
+    wc = cfg["warmup"]
+    model = make_model(cfg["model"], data.num_classes, device)
+    ema = EMA(model, wc["ema"])
+    opt = sgd(model, wc)
+    queue = KeyQueue(wc["queue_size"], cfg["model"]["proj_dim"], device)
+    g, np_rng = _generators(cfg["model"]["seed"] * 1000 + 1, device)
+    history, start = [], 1
+    state = ckpt.load()
+    if state is not None:
+        model.load_state_dict(state["model"]); ema.load_state_dict(state["ema"])
+        opt.load_state_dict(state["opt"]); queue.load_state_dict(state["queue"])
+        _set_rng_state(g, np_rng, state["rng"]); history = state["history"]; start = state["epoch"] + 1
+    iters = data.n // wc["batch_size"]
+    ramp = {"lr": wc["lr"], "lr_warmup_epochs": wc["epochs"]}   # linear ramp over the warm-up
+    same_label = lambda i, j: data.noisy[i][:, None] == data.noisy[j][None, :]  # noqa: E731
+    for epoch in _progress(range(start, wc["epochs"] + 1), "warm-up", total=wc["epochs"], initial=start - 1):
+        model.train(); ema.model.train()
+        sums = {"loss": 0.0}
+        for it, idx in enumerate(_batches(data.n, wc["batch_size"], g, device)):
+            set_lr(opt, lr_at(ramp, epoch, it, iters))
+            x = data.x[idx]
+            v1, v2 = _views(x, g, data), _views(x, g, data)
+            with autocast(device):
+                q, logits = model(v1)
+                with torch.no_grad():
+                    k, _ = ema.model(v2)
+            q, k = q.float(), k.float().detach()
+            if wc["method"] == "uns_cl":
+                loss = losses.moco_loss(q, k, queue.keys, wc["temperature"])
+            else:  # Sup-CL warm-up (Table 7): all same-noisy-label pairs + CE
+                with autocast(device):
+                    q2, logits2 = model(v2)
+                anchors = torch.cat([q, q2.float()])
+                ids = torch.cat([idx, idx])
+                lam = torch.ones(len(ids), device=device)
+                per_anchor, _ = losses.selective_contrastive_loss(
+                    anchors, ids, ids, lam, anchors, ids, same_label, torch.cat([k, k]),
+                    torch.cat([k, k]), queue.keys, wc["temperature"])
+                loss = per_anchor.mean() + 0.5 * (F.cross_entropy(logits.float(), data.noisy[idx])
+                                                  + F.cross_entropy(logits2.float(), data.noisy[idx]))
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            ema.update(model)
+            queue.enqueue(k)
+            sums["loss"] += loss.detach()
+        history.append({"epoch": epoch, "loss": float(sums["loss"]) / max(iters, 1),
+                        "lr": opt.param_groups[0]["lr"]})
+        ckpt.maybe_save(epoch, wc["epochs"], lambda: {
+            "model": model.state_dict(), "ema": ema.state_dict(), "opt": opt.state_dict(),
+            "queue": queue.state_dict(), "rng": _rng_state(g, np_rng), "history": history,
+            "epoch": epoch})
+    return {"model": model.state_dict(), "ema": ema.state_dict(), "queue": queue.state_dict(),
+            "history": history}
+
+
+# ------------------------------------------------------------- selection (§5)
+def run_selection(model, data: TrainData, pc: dict, epoch: int) -> Selection:
+    """Select T and G from z of the online network on un-augmented training images."""
+    z, _ = embed(model, data.x, data.mean, data.std)
+    return select(z, data.noisy, data.num_classes, k=pc["k"], alpha=pc["alpha"], beta=pc["beta"],
+                  weighting=pc["knn_weighting"], seed=epoch, clean_labels=data.clean,
+                  knn_index=pc["knn_index"])
+
+
+def _selection_log(sel: Selection) -> dict:
+    return {k: (float(v) if isinstance(v, (int, float, np.floating, np.integer)) else v)
+            for k, v in sel.stats.items() if not isinstance(v, (list, dict, np.ndarray, torch.Tensor))}
+
+
+# -------------------------------------------------------------- pre-training (§6)
+def pretrain(cfg: dict, data: TrainData, warm: dict, device, ckpt: Checkpointer):
+    """Sel-CL pre-training: L = L_MIX + λ_c·L_CLS + λ_s·L_SIM, selection after every epoch."""
+    pc = cfg["pretrain"]
+    B, C, T_ = pc["batch_size"], data.num_classes, pc["temperature"]
+    model = make_model(cfg["model"], C, device)
+    model.load_state_dict(warm["model"])
+    ema = EMA(model, pc["ema"])
+    ema.load_state_dict(warm["ema"])
+    opt = sgd(model, pc)
+    queue = KeyQueue(cfg["warmup"]["queue_size"], cfg["model"]["proj_dim"], device)
+    queue.load_state_dict(warm["queue"])          # MoCo keys for the unsupervised fallback
+    memory = LabelledMemory(pc["queue_per_class"] * C * 2, cfg["model"]["proj_dim"], C, device)
+    g, np_rng = _generators(cfg["model"]["seed"] * 1000 + 2, device)
+    history, start = [], 1
+    state = ckpt.load()
+    if state is not None:
+        model.load_state_dict(state["model"]); ema.load_state_dict(state["ema"])
+        opt.load_state_dict(state["opt"]); queue.load_state_dict(state["queue"])
+        memory.load_state_dict(state["memory"]); _set_rng_state(g, np_rng, state["rng"])
+        history, start = state["history"], state["epoch"] + 1
+        selection = Selection.from_state_dict(state["selection"], device=device)
+    else:
+        selection = run_selection(model, data, pc, epoch=0)   # selection after the warm-up
+    iters = data.n // B
+    bar = _progress(range(start, pc["epochs"] + 1), "pre-train", total=pc["epochs"], initial=start - 1)
+    for epoch in bar:
+        rule = pair_rule(selection, data.noisy, data.clean, selected_sets=pc["selected_sets"],
+                         use_selection=pc["selection"])
+        T_idx = torch.nonzero(rule.examples).squeeze(1)
+        use_memory = pc["memory"] and epoch >= pc["memory_start_epoch"]
+        model.train(); ema.model.train()          # EMA BatchNorm: batch statistics (§2)
+        sums = {k: torch.zeros((), device=device) for k in ("loss", "l_mix", "l_cls", "l_sim", "fallback")}
+        for it, idx in enumerate(_batches(data.n, B, g, device)):
+            set_lr(opt, lr_at(pc, epoch, it, iters))
+            x = data.x[idx]
+            v1, v2 = _views(x, g, data), _views(x, g, data)
+            # Mixup on each view separately: λ ~ Beta(1,1), λ = max(λ, 1−λ), partner by permutation.
+            if pc["mixup"]:
+                (lam1, p1), (lam2, p2) = losses.mixup_params(B, g, device), losses.mixup_params(B, g, device)
+            else:
+                lam1 = lam2 = 1.0
+                p1 = p2 = torch.arange(B, device=device)
+            m1, m2 = losses.mix(v1, lam1, p1), losses.mix(v2, lam2, p2)
+            with autocast(device):
+                z_q, logits_q = model(torch.cat([m1, m2]))        # anchors: online, mixed views
+                with torch.no_grad():
+                    z_k, logits_k = ema.model(torch.cat([v1, v2]))  # keys: EMA, un-mixed views
+            z_q, z_k, logits_q = z_q.float(), z_k.float().detach(), logits_q.float()
+            k1, k2 = z_k[:B], z_k[B:]
+            anchor_ids = torch.cat([idx, idx])
+            partner_ids = torch.cat([idx[p1], idx[p2]])
+            lam = torch.cat([torch.full((B,), float(lam1), device=device),
+                             torch.full((B,), float(lam2), device=device)])
+            keys = torch.cat([k2, k1])                    # positive key: the other, un-mixed view
+            partner_keys = torch.cat([k2[p1], k1[p2]])
+            if use_memory and len(memory.ids):
+                cands, cand_ids = torch.cat([z_q, memory.feats]), torch.cat([anchor_ids, memory.ids])
+            else:
+                cands, cand_ids = z_q, anchor_ids
+            per_anchor, fallback = losses.selective_contrastive_loss(
+                z_q, anchor_ids, partner_ids, lam, cands, cand_ids, rule.in_G, keys, partner_keys,
+                queue.keys, T_)
+            l_mix = per_anchor.mean()
+            loss = l_mix
+            if pc["classifier"] and pc["lambda_cls"] > 0 and len(T_idx):
+                # L_CLS: a separate mini-batch drawn with replacement from T, two strong views, mixup.
+                ic = T_idx[torch.randint(len(T_idx), (B,), generator=g, device=device)]
+                xc = data.x[ic]
+                c1, c2 = _views(xc, g, data), _views(xc, g, data)
+                lc, pcperm = losses.mixup_params(B, g, device) if pc["mixup"] else (1.0, torch.arange(B, device=device))
+                with autocast(device):
+                    _, logits_c = model(losses.mix(torch.cat([c1, c2]), lc, torch.cat([pcperm, pcperm + B])))
+                yc = data.noisy[ic]
+                l_cls = losses.mixup_cross_entropy(logits_c.float(), torch.cat([yc, yc]),
+                                                   torch.cat([yc[pcperm], yc[pcperm]]), lc)
+                loss = loss + pc["lambda_cls"] * l_cls
+                sums["l_cls"] += l_cls.detach()
+            if pc["classifier"] and pc["sim_loss"] and pc["lambda_sim"] > 0:
+                # L_SIM: BCE between p_i·p_j and [(i,j) ∈ G], batch and memory (EMA probabilities).
+                p_anchor = logits_q.softmax(1)
+                p_cands = torch.cat([p_anchor, memory.probs]) if cands.shape[0] > z_q.shape[0] else p_anchor
+                l_sim = losses.similarity_loss(p_anchor, p_cands, anchor_ids, partner_ids, lam, cand_ids,
+                                               rule.in_G)
+                loss = loss + pc["lambda_sim"] * l_sim
+                sums["l_sim"] += l_sim.detach()
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            ema.update(model)
+            queue.enqueue(torch.cat([k1, k2]))
+            memory.enqueue(z_k, logits_k.float().softmax(1), anchor_ids)
+            sums["loss"] += loss.detach(); sums["l_mix"] += l_mix.detach()
+            sums["fallback"] += float(fallback)
+        # Per-epoch selection from the online network (§5), then the log.
+        selection = run_selection(model, data, pc, epoch)
+        row = {"epoch": epoch, "lr": opt.param_groups[0]["lr"]}
+        row.update({k: float(v) / max(iters, 1) for k, v in sums.items()})
+        row.update(_selection_log(selection))
+        z_tr, _ = embed(model, data.x, data.mean, data.std)
+        z_te, _ = embed(model, data.x_test, data.mean, data.std)
+        knn = weighted_knn_accuracy(z_tr, data.clean, z_te, data.y_test, C,
+                                    k=min(cfg["evaluate"]["k"], data.n), sigma=cfg["evaluate"]["sigma"])
+        row["knn_top1"] = knn["top1"]
+        history.append(row)
+        bar.set_postfix(loss=f"{row['loss']:.3f}", T=int(row.get("n_selected", 0)),
+                        precT=f"{row.get('precision_T', float('nan')):.3f}", knn=f"{knn['top1']:.1f}")
+        ckpt.maybe_save(epoch, pc["epochs"], lambda: {
+            "model": model.state_dict(), "ema": ema.state_dict(), "opt": opt.state_dict(),
+            "queue": queue.state_dict(), "memory": memory.state_dict(), "rng": _rng_state(g, np_rng),
+            "selection": selection.state_dict(), "history": history, "epoch": epoch})
+    final_rule = pair_rule(selection, data.noisy, data.clean, selected_sets=pc["selected_sets"],
+                           use_selection=pc["selection"])
+    return {"model": model.state_dict(), "ema": ema.state_dict(), "selection": selection.state_dict(),
+            "examples": final_rule.examples.cpu(), "history": history}
+
+
+# ------------------------------------------------------- classifier training (§7)
+def _train_classifier(model, data: TrainData, idx_pool: torch.Tensor, tc: dict, device, ckpt, *,
+                      desc: str, seed: int, mixup_alpha: float | None, bootstrap: float = 0.0,
+                      bootstrap_start: int | None = None, strong: bool = False):
+    """Shared loop of Sel-CL+ fine-tuning and the CE baseline: SGD on `idx_pool`
+    with noisy labels, test accuracy after every epoch."""
+    opt = sgd(model, tc)
+    g, np_rng = _generators(seed, device)
+    history, start = [], 1
+    state = ckpt.load()
+    if state is not None:
+        model.load_state_dict(state["model"]); opt.load_state_dict(state["opt"])
+        _set_rng_state(g, np_rng, state["rng"]); history, start = state["history"], state["epoch"] + 1
+    n, B = len(idx_pool), min(tc["batch_size"], len(idx_pool))
+    iters = max(n // B, 1)
+    bar = _progress(range(start, tc["epochs"] + 1), desc, total=tc["epochs"], initial=start - 1)
+    for epoch in bar:
+        model.train()
+        loss_sum = torch.zeros((), device=device)
+        for it, b in enumerate(_batches(n, B, g, device)):
+            set_lr(opt, lr_at(tc, epoch, it, iters))
+            idx = idx_pool[b]
+            x = data.x[idx]
+            y = data.noisy[idx]
+            v = _views(x, g, data, strong=strong)
+            if mixup_alpha is None:                       # plain CE (baseline)
+                with autocast(device):
+                    _, logits = model(v)
+                loss = F.cross_entropy(logits.float(), y)
+            else:
+                lam = float(np_rng.beta(mixup_alpha, mixup_alpha))
+                perm = torch.randperm(B, generator=g, device=device)
+                with autocast(device):
+                    _, logits = model(losses.mix(v, lam, perm))
+                logits = logits.float()
+                if bootstrap > 0 and bootstrap_start is not None and epoch > bootstrap_start:
+                    # hard bootstrapping: z = argmax of the prediction on the un-augmented image
+                    with torch.no_grad():
+                        model.eval()
+                        with autocast(device):
+                            _, clean_logits = model(augment.normalize(x, data.mean, data.std)
+                                                    .contiguous(memory_format=memory_format(device)))
+                        model.train()
+                    zb = clean_logits.float().argmax(1)
+                    loss = losses.mixup_bootstrap_loss(logits, y, y[perm], zb, zb[perm], lam, bootstrap)
+                else:
+                    loss = losses.mixup_cross_entropy(logits, y, y[perm], lam)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            loss_sum += loss.detach()
+        acc = test_accuracy(model, data.x_test, data.y_test, data.mean, data.std)
+        history.append({"epoch": epoch, "loss": float(loss_sum) / iters, "test_acc": acc,
+                        "lr": opt.param_groups[0]["lr"]})
+        bar.set_postfix(loss=f"{history[-1]['loss']:.3f}", acc=f"{acc:.2f}")
+        ckpt.maybe_save(epoch, tc["epochs"], lambda: {
+            "model": model.state_dict(), "opt": opt.state_dict(), "rng": _rng_state(g, np_rng),
+            "history": history, "epoch": epoch})
+    return history
+
+
+def summarise(history: list, eval_last: int) -> dict:
+    accs = [h["test_acc"] for h in history]
+    return {"test_acc_last": accs[-1], f"test_acc_mean_last{eval_last}": float(np.mean(accs[-eval_last:])),
+            "test_acc_mean_last": float(np.mean(accs[-eval_last:])), "test_acc_best": max(accs)}
+
+
+def finetune(cfg: dict, data: TrainData, pre: dict, device, ckpt: Checkpointer):
+    """Sel-CL+: keep the encoder, re-initialise the classifier, train everything on T
+    with noisy labels: mixup CE (epochs 1–30), then mixup + hard bootstrapping (B = 0.2)."""
+    fc = cfg["finetune"]
+    model = make_model(cfg["model"], data.num_classes, device)
+    model.load_state_dict(pre["model"])
+    if fc["reinit_classifier"]:
+        g0 = torch.Generator().manual_seed(cfg["model"]["seed"] + 7)
+        model.reset_classifier(generator=g0)
+    T_idx = torch.nonzero(torch.as_tensor(pre["examples"], device=device)).squeeze(1)
+    tc = dict(fc, lr_warmup_epochs=0, lr_decay_epochs=[])   # constant lr 0.001
+    history = _train_classifier(model, data, T_idx, tc, device, ckpt, desc="fine-tune",
+                                seed=cfg["model"]["seed"] * 1000 + 3, mixup_alpha=fc["mixup_alpha"],
+                                bootstrap=fc["bootstrap"], bootstrap_start=fc["bootstrap_start"],
+                                strong=fc["augment"] == "strong")
+    return {"model": model.state_dict(), "history": history, "n_train": int(len(T_idx))}
+
+
+def baseline(cfg: dict, data: TrainData, device, ckpt: Checkpointer):
+    """Standard cross-entropy on all noisy labels, same network and weak augmentation."""
+    bc = cfg["baseline"]
+    model = make_model(cfg["model"], data.num_classes, device)
+    tc = dict(bc, lr_warmup_epochs=0)
+    everyone = torch.arange(data.n, device=device)
+    history = _train_classifier(model, data, everyone, tc, device, ckpt, desc="CE baseline",
+                                seed=cfg["model"]["seed"] * 1000 + 4, mixup_alpha=None)
+    return {"model": model.state_dict(), "history": history}
+
+
+def knn_report(model_state: dict, cfg: dict, data: TrainData, device) -> dict:
+    """Weighted k-NN (§8) of the pre-trained encoder's z, clean- and noisy-label protocols."""
+    model = make_model(cfg["model"], data.num_classes, device)
+    model.load_state_dict(model_state)
+    z_tr, _ = embed(model, data.x, data.mean, data.std)
+    z_te, _ = embed(model, data.x_test, data.mean, data.std)
+    ec, C = cfg["evaluate"], data.num_classes
+    k = min(ec["k"], data.n)
+    out = {}
+    for protocol, labels in (("clean", data.clean), ("noisy", data.noisy)):
+        acc = weighted_knn_accuracy(z_tr, labels, z_te, data.y_test, C, k=k, sigma=ec["sigma"])
+        out[f"knn_{protocol}_top1"], out[f"knn_{protocol}_top5"] = acc["top1"], acc["top5"]
+    return out, z_te
+
+
+def is_finite(x: float) -> bool:
+    return isinstance(x, float) and math.isfinite(x)

@@ -1,0 +1,30 @@
+"""Stage `baseline@<setting>`: cross-entropy on the noisy labels, same network and
+weak augmentation → runs/<setting>/baseline.json, baseline_history.csv."""
+from common import load, main, require_device, run_dir, write_history
+
+from selcl import checkpoint
+from selcl.train import TrainData, baseline, summarise
+
+
+def run(name: str) -> None:
+    cfg = load(name)
+    device = require_device(cfg)
+    out = run_dir(name)
+    if not cfg["baseline"]["enabled"]:
+        # Switched off for this setting: record that, so the report shows "—".
+        checkpoint.write_json(out / "baseline.json", {"enabled": False})
+        write_history(out / "baseline_history.csv", [])
+        print(f"[baseline] {name}: disabled")
+        return
+    data = TrainData.load(out, device)
+    fp = checkpoint.fingerprint("baseline", cfg["model"], cfg["baseline"], checkpoint.file_digest(out / "labels.npz"))
+    ckpt = checkpoint.Checkpointer(out / "ckpt" / "baseline.pt", fp, cfg["baseline"]["checkpoint_every"])
+    state = baseline(cfg, data, device, ckpt)
+    write_history(out / "baseline_history.csv", state["history"])
+    metrics = {"enabled": True, **summarise(state["history"], cfg["baseline"]["eval_last"])}
+    checkpoint.write_json(out / "baseline.json", metrics)
+    print(f"[baseline] {name}: CE test acc {metrics['test_acc_mean_last']:.2f}")
+
+
+if __name__ == "__main__":
+    main(run)

@@ -1,0 +1,88 @@
+"""What every stage script shares: the setting's folder, the CUDA guard, one-line errors.
+
+A stage is `python stages/<stage>.py <setting>`; it validates its own setting in
+params.yaml before any work, writes its outputs atomically under runs/<setting>/,
+and on bad input prints one line naming the key or file and exits non-zero,
+leaving everything already produced untouched.
+"""
+from __future__ import annotations
+
+import csv
+import io
+import os
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+from selcl.checkpoint import CheckpointError, atomic_write_text  # noqa: E402
+from selcl.config import ConfigError, load_setting  # noqa: E402
+from selcl.data import DataError  # noqa: E402
+from selcl.device import cuda_available, get_device  # noqa: E402
+from selcl.noise import NoiseError  # noqa: E402
+
+EXIT_BAD_INPUT = 2
+
+
+class StageError(RuntimeError):
+    """Any other condition a stage reports as one line."""
+
+
+def run_dir(name: str) -> Path:
+    return Path("runs") / name
+
+
+def setting_from_argv() -> str:
+    if len(sys.argv) != 2:
+        raise StageError(f"usage: python {sys.argv[0]} <setting name from params.yaml>")
+    return sys.argv[1]
+
+
+def require_device(cfg: dict) -> torch.device:
+    """The paper's networks need a GPU: stop at once on a CPU-only machine, with
+    directions to the demo, unless SELCL_ALLOW_CPU=1 overrides."""
+    if cfg["model"]["arch"] != "small" and not cuda_available() \
+            and os.environ.get("SELCL_ALLOW_CPU", "") not in ("1", "true", "yes"):
+        raise StageError(
+            f"settings.{cfg['name']}: model.arch={cfg['model']['arch']} is the paper suite and needs a "
+            f"CUDA GPU, and none is visible. Run the CPU demo instead with `make demo` "
+            f"(or `dvc exp run -S 'run=[demo_sym40,demo_asym40]'`); set SELCL_ALLOW_CPU=1 to run it on "
+            f"the CPU anyway.")
+    return get_device()
+
+
+def load(name: str) -> dict:
+    return load_setting(name)
+
+
+def write_history(path: Path, rows: list[dict]) -> None:
+    """Per-epoch history as CSV (DVC plots read it)."""
+    keys: list[str] = []
+    for row in rows:
+        keys += [k for k in row if k not in keys]
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=keys)
+    writer.writeheader()
+    for row in rows:
+        writer.writerow({k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in row.items()})
+    atomic_write_text(path, buf.getvalue())
+
+
+def main(fn) -> None:
+    """Run `fn(setting_name)`; turn known failures into one line and exit code 2."""
+    try:
+        fn(setting_from_argv())
+    except (ConfigError, DataError, NoiseError, CheckpointError, StageError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(EXIT_BAD_INPUT)
+    except torch.cuda.OutOfMemoryError:
+        stage = Path(sys.argv[0]).stem
+        section = {"finetune": "finetune", "baseline": "baseline", "warmup": "warmup"}.get(stage, "pretrain")
+        print(f"error: CUDA out of memory in stage {stage}: lower "
+              f"`settings.{sys.argv[1] if len(sys.argv) > 1 else '<setting>'}.{section}.batch_size` "
+              f"in params.yaml (or free the GPU)", file=sys.stderr)
+        sys.exit(3)

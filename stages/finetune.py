@@ -1,0 +1,28 @@
+"""Stage `finetune@<setting>`: Sel-CL+ fine-tuning on the final T (SPEC §7)
+→ runs/<setting>/finetune.pt, finetune_history.csv (plots), finetune.json (metrics)."""
+from common import load, main, require_device, run_dir, write_history
+
+from selcl import checkpoint
+from selcl.train import TrainData, finetune, summarise
+
+
+def run(name: str) -> None:
+    cfg = load(name)
+    device = require_device(cfg)
+    out = run_dir(name)
+    data = TrainData.load(out, device)
+    pre = checkpoint.load(out / "pretrain.pt", what="pre-training output")
+    fp = checkpoint.fingerprint("finetune", cfg["model"], cfg["finetune"], checkpoint.file_digest(out / "pretrain.pt"))
+    ckpt = checkpoint.Checkpointer(out / "ckpt" / "finetune.pt", fp, cfg["finetune"]["checkpoint_every"])
+    state = finetune(cfg, data, pre, device, ckpt)
+    checkpoint.save({"model": state["model"]}, out / "finetune.pt")
+    write_history(out / "finetune_history.csv", state["history"])
+    metrics = summarise(state["history"], cfg["finetune"]["eval_last"])
+    metrics["n_train"] = state["n_train"]
+    checkpoint.write_json(out / "finetune.json", metrics)
+    print(f"[finetune] {name}: Sel-CL+ test acc {metrics['test_acc_mean_last']:.2f} "
+          f"(mean of last {cfg['finetune']['eval_last']}), final {metrics['test_acc_last']:.2f}")
+
+
+if __name__ == "__main__":
+    main(run)

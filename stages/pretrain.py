@@ -1,0 +1,29 @@
+"""Stage `pretrain@<setting>`: Sel-CL pre-training with per-epoch selection (SPEC §5, §6)
+→ runs/<setting>/pretrain.pt, pretrain_history.csv (plots), pretrain.json (metrics)."""
+from common import load, main, require_device, run_dir, write_history
+
+from selcl import checkpoint
+from selcl.train import TrainData, pretrain
+
+
+def run(name: str) -> None:
+    cfg = load(name)
+    device = require_device(cfg)
+    out = run_dir(name)
+    data = TrainData.load(out, device)
+    warm = checkpoint.load(out / "warmup.pt", what="warm-up output")
+    fp = checkpoint.fingerprint("pretrain", cfg["model"], cfg["warmup"], cfg["pretrain"], cfg["evaluate"],
+                                checkpoint.file_digest(out / "warmup.pt"))
+    ckpt = checkpoint.Checkpointer(out / "ckpt" / "pretrain.pt", fp, cfg["pretrain"]["checkpoint_every"])
+    state = pretrain(cfg, data, warm, device, ckpt)
+    checkpoint.save(state, out / "pretrain.pt")
+    write_history(out / "pretrain_history.csv", state["history"])
+    last = state["history"][-1]
+    metrics = {k: last[k] for k in ("n_selected", "n_per_class", "threshold", "n_pairs", "precision_T",
+                                    "recall_T", "precision_G", "pseudo_label_accuracy", "knn_top1")
+               if k in last}
+    checkpoint.write_json(out / "pretrain.json", metrics)
+
+
+if __name__ == "__main__":
+    main(run)

@@ -1,0 +1,21 @@
+"""Stage `warmup@<setting>`: Uns-CL warm-up (SPEC §4) → runs/<setting>/warmup.pt."""
+from common import load, main, require_device, run_dir, write_history
+
+from selcl import checkpoint
+from selcl.train import TrainData, warmup
+
+
+def run(name: str) -> None:
+    cfg = load(name)
+    device = require_device(cfg)
+    out = run_dir(name)
+    data = TrainData.load(out, device)
+    fp = checkpoint.fingerprint("warmup", cfg["model"], cfg["warmup"], checkpoint.file_digest(out / "labels.npz"))
+    ckpt = checkpoint.Checkpointer(out / "ckpt" / "warmup.pt", fp, cfg["warmup"]["checkpoint_every"])
+    state = warmup(cfg, data, device, ckpt)
+    checkpoint.save(state, out / "warmup.pt")
+    write_history(out / "warmup_history.csv", state["history"])
+
+
+if __name__ == "__main__":
+    main(run)
