@@ -197,9 +197,10 @@ def warmup(cfg: dict, data: TrainData, device, ckpt: Checkpointer):
 
 
 # ------------------------------------------------------------- selection (§5)
-def run_selection(model, data: TrainData, pc: dict, epoch: int) -> Selection:
+def run_selection(model, data: TrainData, pc: dict, epoch: int, z=None) -> Selection:
     """Select T and G from z of the online network on un-augmented training images."""
-    z, _ = embed(model, data.x, data.mean, data.std)
+    if z is None:
+        z, _ = embed(model, data.x, data.mean, data.std)
     return select(z, data.noisy, data.num_classes, k=pc["k"], alpha=pc["alpha"], beta=pc["beta"],
                   weighting=pc["knn_weighting"], seed=epoch, clean_labels=data.clean,
                   knn_index=pc["knn_index"])
@@ -211,106 +212,147 @@ def _selection_log(sel: Selection) -> dict:
 
 
 # -------------------------------------------------------------- pre-training (§6)
+@dataclass
+class Pretrainer:
+    """The mutable state of Sel-CL pre-training; `step` is one iteration of SPEC §6."""
+    model: torch.nn.Module
+    ema: EMA
+    opt: torch.optim.Optimizer
+    queue: KeyQueue                 # MoCo keys for the unsupervised fallback
+    memory: LabelledMemory          # EMA embeddings + probabilities + dataset index
+    g: torch.Generator
+    np_rng: np.random.Generator
+    pc: dict
+
+    def mixup(self, B: int, device):
+        """λ ~ Beta(1,1), λ = max(λ, 1−λ), partner by random permutation (identity if off)."""
+        if self.pc["mixup"]:
+            return losses.mixup_params(B, self.g, device)
+        return 1.0, torch.arange(B, device=device)
+
+    def step(self, data: "TrainData", idx: torch.Tensor, rule, T_idx: torch.Tensor,
+             use_memory: bool) -> dict:
+        """L = L_MIX + λ_c·L_CLS + λ_s·L_SIM on the batch `idx`; returns detached parts."""
+        pc, model, ema, g, device = self.pc, self.model, self.ema, self.g, idx.device
+        B = idx.shape[0]
+        x = data.x[idx]
+        v1, v2 = _views(x, g, data), _views(x, g, data)
+        # Mixup on each view separately (own λ and partner per view).
+        (lam1, p1), (lam2, p2) = self.mixup(B, device), self.mixup(B, device)
+        m1, m2 = losses.mix(v1, lam1, p1), losses.mix(v2, lam2, p2)
+        with autocast(device):
+            z_q, logits_q = model(torch.cat([m1, m2]))            # anchors: online, mixed views
+            with torch.no_grad():
+                z_k, logits_k = ema.model(torch.cat([v1, v2]))    # keys: EMA, un-mixed views
+        z_q, z_k, logits_q = z_q.float(), z_k.float().detach(), logits_q.float()
+        k1, k2 = z_k[:B], z_k[B:]
+        anchor_ids = torch.cat([idx, idx])                        # dominant example of each anchor
+        partner_rows = torch.cat([p1, p2 + B])                    # the partner is itself an anchor
+        partner_ids = anchor_ids[partner_rows]
+        lam = torch.cat([torch.full((B,), float(lam1), device=device),
+                         torch.full((B,), float(lam2), device=device)])
+        keys = torch.cat([k2, k1])                                # positive key: the other, un-mixed view
+        partner_keys = keys[partner_rows]
+        mem = use_memory and len(self.memory.ids) > 0
+        cands = torch.cat([z_q, self.memory.feats]) if mem else z_q
+        cand_ids = torch.cat([anchor_ids, self.memory.ids]) if mem else anchor_ids
+        # (i, j) ∈ G for dominant and partner rows, built once for L_MIX and L_SIM.
+        masks = losses.pair_masks(anchor_ids, partner_ids, cand_ids, rule.in_G, partner_rows)
+        per_anchor, fallback = losses.selective_contrastive_loss(
+            z_q, anchor_ids, partner_ids, lam, cands, cand_ids, None, keys, partner_keys,
+            self.queue.keys, pc["temperature"], masks=masks)
+        l_mix = per_anchor.mean()
+        loss, out = l_mix, {"l_mix": l_mix.detach(), "fallback": fallback}
+        if pc["classifier"] and pc["lambda_cls"] > 0 and len(T_idx):
+            # L_CLS: a separate mini-batch drawn with replacement from T, two strong views, mixup.
+            ic = T_idx[torch.randint(len(T_idx), (B,), generator=g, device=device)]
+            xc = data.x[ic]
+            c1, c2 = _views(xc, g, data), _views(xc, g, data)
+            lc, pcm = self.mixup(B, device)
+            with autocast(device):
+                _, logits_c = model(losses.mix(torch.cat([c1, c2]), lc, torch.cat([pcm, pcm + B])))
+            yc = data.noisy[ic]
+            l_cls = losses.mixup_cross_entropy(logits_c.float(), torch.cat([yc, yc]),
+                                               torch.cat([yc[pcm], yc[pcm]]), lc)
+            loss = loss + pc["lambda_cls"] * l_cls
+            out["l_cls"] = l_cls.detach()
+        if pc["classifier"] and pc["sim_loss"] and pc["lambda_sim"] > 0:
+            # L_SIM: BCE between p_i·p_j and [(i,j) ∈ G] over batch and memory (EMA probabilities).
+            p_anchor = logits_q.softmax(1)
+            p_cands = torch.cat([p_anchor, self.memory.probs]) if mem else p_anchor
+            l_sim = losses.similarity_loss(p_anchor, p_cands, anchor_ids, partner_ids, lam, cand_ids,
+                                           None, masks=masks)
+            loss = loss + pc["lambda_sim"] * l_sim
+            out["l_sim"] = l_sim.detach()
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        self.opt.step()
+        ema.update(model)
+        self.queue.enqueue(torch.cat([k1, k2]))
+        self.memory.enqueue(z_k, logits_k.float().softmax(1), anchor_ids)
+        out["loss"] = loss.detach()
+        return out
+
+    def state_dict(self) -> dict:
+        return {"model": self.model.state_dict(), "ema": self.ema.state_dict(),
+                "opt": self.opt.state_dict(), "queue": self.queue.state_dict(),
+                "memory": self.memory.state_dict(), "rng": _rng_state(self.g, self.np_rng)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.model.load_state_dict(state["model"]); self.ema.load_state_dict(state["ema"])
+        self.opt.load_state_dict(state["opt"]); self.queue.load_state_dict(state["queue"])
+        self.memory.load_state_dict(state["memory"]); _set_rng_state(self.g, self.np_rng, state["rng"])
+
+
+def make_pretrainer(cfg: dict, num_classes: int, device, warm: dict | None = None) -> Pretrainer:
+    pc = cfg["pretrain"]
+    model = make_model(cfg["model"], num_classes, device)
+    if warm is not None:
+        model.load_state_dict(warm["model"])
+    ema = EMA(model, pc["ema"])
+    if warm is not None:
+        ema.load_state_dict(warm["ema"])
+    queue = KeyQueue(cfg["warmup"]["queue_size"], cfg["model"]["proj_dim"], device)
+    if warm is not None:
+        queue.load_state_dict(warm["queue"])
+    memory = LabelledMemory(pc["queue_per_class"] * num_classes * 2, cfg["model"]["proj_dim"],
+                            num_classes, device)
+    g, np_rng = _generators(cfg["model"]["seed"] * 1000 + 2, device)
+    return Pretrainer(model, ema, sgd(model, pc), queue, memory, g, np_rng, pc)
+
+
 def pretrain(cfg: dict, data: TrainData, warm: dict, device, ckpt: Checkpointer):
     """Sel-CL pre-training: L = L_MIX + λ_c·L_CLS + λ_s·L_SIM, selection after every epoch."""
-    pc = cfg["pretrain"]
-    B, C, T_ = pc["batch_size"], data.num_classes, pc["temperature"]
-    model = make_model(cfg["model"], C, device)
-    model.load_state_dict(warm["model"])
-    ema = EMA(model, pc["ema"])
-    ema.load_state_dict(warm["ema"])
-    opt = sgd(model, pc)
-    queue = KeyQueue(cfg["warmup"]["queue_size"], cfg["model"]["proj_dim"], device)
-    queue.load_state_dict(warm["queue"])          # MoCo keys for the unsupervised fallback
-    memory = LabelledMemory(pc["queue_per_class"] * C * 2, cfg["model"]["proj_dim"], C, device)
-    g, np_rng = _generators(cfg["model"]["seed"] * 1000 + 2, device)
+    pc, C = cfg["pretrain"], data.num_classes
+    tr = make_pretrainer(cfg, C, device, warm)
     history, start = [], 1
     state = ckpt.load()
     if state is not None:
-        model.load_state_dict(state["model"]); ema.load_state_dict(state["ema"])
-        opt.load_state_dict(state["opt"]); queue.load_state_dict(state["queue"])
-        memory.load_state_dict(state["memory"]); _set_rng_state(g, np_rng, state["rng"])
+        tr.load_state_dict(state)
         history, start = state["history"], state["epoch"] + 1
         selection = Selection.from_state_dict(state["selection"], device=device)
     else:
-        selection = run_selection(model, data, pc, epoch=0)   # selection after the warm-up
-    iters = data.n // B
+        selection = run_selection(tr.model, data, pc, epoch=0)   # selection after the warm-up
+    iters = data.n // pc["batch_size"]
     bar = _progress(range(start, pc["epochs"] + 1), "pre-train", total=pc["epochs"], initial=start - 1)
     for epoch in bar:
         rule = pair_rule(selection, data.noisy, data.clean, selected_sets=pc["selected_sets"],
                          use_selection=pc["selection"])
         T_idx = torch.nonzero(rule.examples).squeeze(1)
         use_memory = pc["memory"] and epoch >= pc["memory_start_epoch"]
-        model.train(); ema.model.train()          # EMA BatchNorm: batch statistics (§2)
-        sums = {k: torch.zeros((), device=device) for k in ("loss", "l_mix", "l_cls", "l_sim", "fallback")}
-        for it, idx in enumerate(_batches(data.n, B, g, device)):
-            set_lr(opt, lr_at(pc, epoch, it, iters))
-            x = data.x[idx]
-            v1, v2 = _views(x, g, data), _views(x, g, data)
-            # Mixup on each view separately: λ ~ Beta(1,1), λ = max(λ, 1−λ), partner by permutation.
-            if pc["mixup"]:
-                (lam1, p1), (lam2, p2) = losses.mixup_params(B, g, device), losses.mixup_params(B, g, device)
-            else:
-                lam1 = lam2 = 1.0
-                p1 = p2 = torch.arange(B, device=device)
-            m1, m2 = losses.mix(v1, lam1, p1), losses.mix(v2, lam2, p2)
-            with autocast(device):
-                z_q, logits_q = model(torch.cat([m1, m2]))        # anchors: online, mixed views
-                with torch.no_grad():
-                    z_k, logits_k = ema.model(torch.cat([v1, v2]))  # keys: EMA, un-mixed views
-            z_q, z_k, logits_q = z_q.float(), z_k.float().detach(), logits_q.float()
-            k1, k2 = z_k[:B], z_k[B:]
-            anchor_ids = torch.cat([idx, idx])
-            partner_ids = torch.cat([idx[p1], idx[p2]])
-            lam = torch.cat([torch.full((B,), float(lam1), device=device),
-                             torch.full((B,), float(lam2), device=device)])
-            keys = torch.cat([k2, k1])                    # positive key: the other, un-mixed view
-            partner_keys = torch.cat([k2[p1], k1[p2]])
-            if use_memory and len(memory.ids):
-                cands, cand_ids = torch.cat([z_q, memory.feats]), torch.cat([anchor_ids, memory.ids])
-            else:
-                cands, cand_ids = z_q, anchor_ids
-            per_anchor, fallback = losses.selective_contrastive_loss(
-                z_q, anchor_ids, partner_ids, lam, cands, cand_ids, rule.in_G, keys, partner_keys,
-                queue.keys, T_)
-            l_mix = per_anchor.mean()
-            loss = l_mix
-            if pc["classifier"] and pc["lambda_cls"] > 0 and len(T_idx):
-                # L_CLS: a separate mini-batch drawn with replacement from T, two strong views, mixup.
-                ic = T_idx[torch.randint(len(T_idx), (B,), generator=g, device=device)]
-                xc = data.x[ic]
-                c1, c2 = _views(xc, g, data), _views(xc, g, data)
-                lc, pcperm = losses.mixup_params(B, g, device) if pc["mixup"] else (1.0, torch.arange(B, device=device))
-                with autocast(device):
-                    _, logits_c = model(losses.mix(torch.cat([c1, c2]), lc, torch.cat([pcperm, pcperm + B])))
-                yc = data.noisy[ic]
-                l_cls = losses.mixup_cross_entropy(logits_c.float(), torch.cat([yc, yc]),
-                                                   torch.cat([yc[pcperm], yc[pcperm]]), lc)
-                loss = loss + pc["lambda_cls"] * l_cls
-                sums["l_cls"] += l_cls.detach()
-            if pc["classifier"] and pc["sim_loss"] and pc["lambda_sim"] > 0:
-                # L_SIM: BCE between p_i·p_j and [(i,j) ∈ G], batch and memory (EMA probabilities).
-                p_anchor = logits_q.softmax(1)
-                p_cands = torch.cat([p_anchor, memory.probs]) if cands.shape[0] > z_q.shape[0] else p_anchor
-                l_sim = losses.similarity_loss(p_anchor, p_cands, anchor_ids, partner_ids, lam, cand_ids,
-                                               rule.in_G)
-                loss = loss + pc["lambda_sim"] * l_sim
-                sums["l_sim"] += l_sim.detach()
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            ema.update(model)
-            queue.enqueue(torch.cat([k1, k2]))
-            memory.enqueue(z_k, logits_k.float().softmax(1), anchor_ids)
-            sums["loss"] += loss.detach(); sums["l_mix"] += l_mix.detach()
-            sums["fallback"] += float(fallback)
+        tr.model.train(); tr.ema.model.train()     # EMA BatchNorm: batch statistics (§2)
+        sums: dict = {}
+        for it, idx in enumerate(_batches(data.n, pc["batch_size"], tr.g, device)):
+            set_lr(tr.opt, lr_at(pc, epoch, it, iters))
+            for k, v in tr.step(data, idx, rule, T_idx, use_memory).items():
+                sums[k] = sums.get(k, 0.0) + v     # tensors stay on the device: no sync per step
         # Per-epoch selection from the online network (§5), then the log.
-        selection = run_selection(model, data, pc, epoch)
-        row = {"epoch": epoch, "lr": opt.param_groups[0]["lr"]}
+        z_tr, _ = embed(tr.model, data.x, data.mean, data.std)
+        selection = run_selection(tr.model, data, pc, epoch, z=z_tr)
+        row = {"epoch": epoch, "lr": tr.opt.param_groups[0]["lr"]}
         row.update({k: float(v) / max(iters, 1) for k, v in sums.items()})
         row.update(_selection_log(selection))
-        z_tr, _ = embed(model, data.x, data.mean, data.std)
-        z_te, _ = embed(model, data.x_test, data.mean, data.std)
+        z_te, _ = embed(tr.model, data.x_test, data.mean, data.std)
         knn = weighted_knn_accuracy(z_tr, data.clean, z_te, data.y_test, C,
                                     k=min(cfg["evaluate"]["k"], data.n), sigma=cfg["evaluate"]["sigma"])
         row["knn_top1"] = knn["top1"]
@@ -318,12 +360,10 @@ def pretrain(cfg: dict, data: TrainData, warm: dict, device, ckpt: Checkpointer)
         bar.set_postfix(loss=f"{row['loss']:.3f}", T=int(row.get("n_selected", 0)),
                         precT=f"{row.get('precision_T', float('nan')):.3f}", knn=f"{knn['top1']:.1f}")
         ckpt.maybe_save(epoch, pc["epochs"], lambda: {
-            "model": model.state_dict(), "ema": ema.state_dict(), "opt": opt.state_dict(),
-            "queue": queue.state_dict(), "memory": memory.state_dict(), "rng": _rng_state(g, np_rng),
-            "selection": selection.state_dict(), "history": history, "epoch": epoch})
+            **tr.state_dict(), "selection": selection.state_dict(), "history": history, "epoch": epoch})
     final_rule = pair_rule(selection, data.noisy, data.clean, selected_sets=pc["selected_sets"],
                            use_selection=pc["selection"])
-    return {"model": model.state_dict(), "ema": ema.state_dict(), "selection": selection.state_dict(),
+    return {"model": tr.model.state_dict(), "ema": tr.ema.state_dict(), "selection": selection.state_dict(),
             "examples": final_rule.examples.cpu(), "history": history}
 
 

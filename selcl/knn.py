@@ -1,0 +1,237 @@
+"""k-nearest-neighbour search on L2-normalised embeddings (SPEC §5.1, also §8).
+
+Similarity is cosine = inner product of L2-normalised float32 vectors. Two backends:
+
+* `knn_search` — faiss. `index="flat"`: exact `IndexFlatIP`; `index="ivf"`:
+  approximate `IndexIVFFlat` (inner product, spherical k-means coarse quantiser) for
+  N ~ 10⁶; `index="torch"`: the torch brute force below, behind the same interface.
+  A faiss GPU index is used when `selcl.device.faiss_gpu_available()` (and `use_gpu`
+  is not False); the CPU index otherwise.
+* `knn_torch` — plain batched torch matmul + stable sort, kept as a cross-check.
+
+`exclude_self=True` means the queries ARE the keys, in the same order: we search
+k+1 and remove the query's own index from its row *by index* (the authors' code masks
+a fixed column instead, which is wrong when duplicate vectors put the self entry
+elsewhere); if the self entry is not among the k+1 (more than k exact duplicates of
+the query come before it), the last entry is dropped instead.
+
+Ties in similarity go to the lower key index (as a stable sort would): faiss keeps
+an arbitrary member of a tied group that straddles the k-th place, so the exact
+search asks for one extra hit, and rows where the k-th and (k+1)-th similarities are
+equal (exact duplicates) are recomputed by the torch brute force; within a returned
+row, tied entries are re-sorted lower index first.
+
+Queries are processed in batches, so memory is O(batch·k) on top of the index; an
+N×N similarity matrix never exists (faiss tiles its own BLAS blocks, 4096×1024).
+"""
+from __future__ import annotations
+
+import math
+from typing import Iterator
+
+import numpy as np
+import torch
+
+from selcl.device import faiss_gpu_available
+
+DEFAULT_BATCH = 16384      # queries per faiss call: bounds the [B, k+1] result buffers
+GPU_MAX_K = 2048           # faiss GPU k-selection limit
+_GPU_RES = {}              # one StandardGpuResources per GPU, created lazily
+
+
+# ----------------------------------------------------------------------------- faiss
+
+def _as_numpy(x: torch.Tensor) -> np.ndarray:
+    """float32 C-contiguous numpy view (zero-copy for a contiguous CPU tensor)."""
+    return np.ascontiguousarray(x.detach().to("cpu", torch.float32).numpy())
+
+
+def default_nlist(n: int) -> int:
+    """IVF lists: ~4·sqrt(N) (faiss' rule of thumb), at least 1."""
+    return max(1, int(round(4 * math.sqrt(n))))
+
+
+def _build_index(keys: np.ndarray, index: str, *, use_gpu: bool, device_id: int,
+                 nlist: int | None, nprobe: int, seed: int):
+    import faiss
+    n, d = keys.shape
+    if index == "flat":
+        cpu_index = faiss.IndexFlatIP(d)
+    elif index == "ivf":
+        nlist = nlist or default_nlist(n)
+        quantizer = faiss.IndexFlatIP(d)
+        cpu_index = faiss.IndexIVFFlat(quantizer, d, nlist, faiss.METRIC_INNER_PRODUCT)
+        cpu_index.cp.spherical = True          # centroids on the sphere: cosine k-means
+        cpu_index.cp.seed = seed
+        # seeded training subsample: 40 points per list is what faiss' k-means needs;
+        # more only slows training (faiss would subsample to 256/list anyway)
+        n_train = min(n, 40 * nlist)
+        rng = np.random.default_rng(seed)
+        train = keys if n_train == n else keys[np.sort(rng.choice(n, n_train, replace=False))]
+        cpu_index.train(train)
+    else:
+        raise ValueError(f"unknown faiss index '{index}'")
+    if use_gpu:
+        if device_id not in _GPU_RES:
+            res = faiss.StandardGpuResources()
+            res.setTempMemory(512 * 1024 * 1024)   # default grabs 18% of the card
+            _GPU_RES[device_id] = res
+        gpu_index = faiss.index_cpu_to_gpu(_GPU_RES[device_id], device_id, cpu_index)
+        gpu_index.add(keys)
+        if index == "ivf":
+            gpu_index.nprobe = nprobe
+        return gpu_index
+    cpu_index.add(keys)
+    if index == "ivf":
+        cpu_index.nprobe = nprobe
+    return cpu_index
+
+
+def _canonical_ties(sims: torch.Tensor, idx: torch.Tensor):
+    """Within each row (sorted by descending sim), put tied entries lower index first.
+
+    Only rows that contain a tie are re-sorted (continuous data: almost none), which
+    keeps this O(#tied rows · k log k) instead of a full sort of every row."""
+    tied = (sims[:, 1:] == sims[:, :-1]).any(1)
+    if tied.any():
+        r = tied.nonzero().squeeze(1)
+        s, i = sims[r], idx[r]
+        o = torch.sort(i, dim=1, stable=True).indices                  # by index ...
+        s, i = s.gather(1, o), i.gather(1, o)
+        o = torch.sort(s, dim=1, descending=True, stable=True).indices  # ... then by sim
+        sims[r], idx[r] = s.gather(1, o), i.gather(1, o)
+    return sims, idx
+
+
+def _resolve_boundary_ties(sims, idx, q: np.ndarray, keys: np.ndarray, kk: int):
+    """[B, kk+1] → [B, kk] with ties at the boundary going to the lower index.
+
+    faiss keeps an arbitrary member of a group of equal similarities that straddles
+    the kk-th place (its heaps prefer higher ids). Where hit kk and hit kk+1 are equal
+    the row is recomputed by the torch brute force (stable sort); elsewhere the
+    top-kk set is unambiguous. Only rows with exact duplicates at the boundary pay."""
+    amb = sims[:, kk - 1] == sims[:, kk]
+    sims, idx = sims[:, :kk].contiguous(), idx[:, :kk].contiguous()
+    if amb.any():
+        r = amb.nonzero().squeeze(1)
+        sims[r], idx[r] = _torch_topk(torch.from_numpy(q[r.numpy()]), torch.from_numpy(keys),
+                                      kk, self_offset=None)
+    return sims, idx
+
+
+def _drop_self(sims: torch.Tensor, idx: torch.Tensor, rows: torch.Tensor):
+    """[B, k+1] → [B, k]: remove each row's own index; if absent, drop the last entry."""
+    is_self = idx == rows[:, None]
+    missing = ~is_self.any(1)
+    is_self[missing, -1] = True                      # exactly one entry per row to drop
+    keep = ~is_self
+    b, kk = idx.shape
+    return sims[keep].view(b, kk - 1), idx[keep].view(b, kk - 1)
+
+
+def iter_knn(queries: torch.Tensor, keys: torch.Tensor, k: int, *, exclude_self: bool = False,
+             index: str = "flat", batch_size: int | None = None, use_gpu: bool | None = None,
+             nprobe: int = 32, nlist: int | None = None, seed: int = 0
+             ) -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:
+    """Batched k-NN: yields (start, sims float32 [B,k], idx int64 [B,k]) in query order,
+    on CPU for faiss, on the queries' device for index="torch".
+
+    Consumers that only need per-batch reductions (selection votes) use this directly
+    and never hold the full [Q,k] similarity array. Arguments as `knn_search`.
+    """
+    q_n, n = queries.shape[0], keys.shape[0]
+    if exclude_self and q_n != n:
+        raise ValueError("exclude_self=True needs queries == keys (same rows, same order)")
+    kk = k + 1 if exclude_self else k
+    if not 0 < k <= n - int(exclude_self):
+        raise ValueError(f"k={k} out of range for {n} keys (exclude_self={exclude_self})")
+    batch_size = batch_size or DEFAULT_BATCH
+
+    if index == "torch":
+        # full stable sort per row: exact ties, but O(B·N) memory → cap B·N at 2²⁶
+        bs = min(batch_size, max(1, 2 ** 26 // n))
+        keys = keys.to(queries.device)
+        for s in range(0, q_n, bs):
+            sims, idx = _torch_topk(queries[s:s + bs], keys, k,
+                                    self_offset=s if exclude_self else None)
+            yield s, sims, idx
+        return
+
+    gpu = faiss_gpu_available() if use_gpu is None else bool(use_gpu)
+    gpu = gpu and faiss_gpu_available() and kk + 1 <= GPU_MAX_K
+    dev = queries.device if queries.device.type == "cuda" else keys.device
+    device_id = (dev.index if dev.type == "cuda" and dev.index is not None
+                 else (torch.cuda.current_device() if gpu else 0))
+    keys_np = _as_numpy(keys)
+    faiss_index = _build_index(keys_np, index, use_gpu=gpu, device_id=device_id,
+                               nlist=nlist, nprobe=nprobe, seed=seed)
+    exact = index == "flat"
+    for s in range(0, q_n, batch_size):
+        q = keys_np[s:s + batch_size] if (exclude_self and queries is keys) \
+            else _as_numpy(queries[s:s + batch_size])
+        # flat: one extra hit tells whether a tie straddles the k-th place
+        d_np, i_np = faiss_index.search(q, kk + 1 if exact else kk)
+        sims, idx = _canonical_ties(torch.from_numpy(d_np), torch.from_numpy(i_np))
+        if exact:
+            sims, idx = _resolve_boundary_ties(sims, idx, q, keys_np, kk)
+        if exclude_self:
+            rows = torch.arange(s, s + q.shape[0], dtype=torch.int64)
+            sims, idx = _drop_self(sims, idx, rows)
+        yield s, sims, idx
+
+
+def knn_search(queries: torch.Tensor, keys: torch.Tensor, k: int, *, exclude_self: bool = False,
+               index: str = "flat", batch_size: int | None = None, use_gpu: bool | None = None,
+               nprobe: int = 32, nlist: int | None = None, seed: int = 0
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+    """k most similar keys for every query.
+
+    queries [Q,d], keys [N,d]: float32, L2-normalised (cosine = inner product).
+    index: "flat" (exact faiss), "ivf" (faiss IVFFlat; nlist lists, default ~4·sqrt(N),
+    trained on a `seed`-ed subsample; `nprobe` lists visited per query) or "torch".
+    IVF rows may hold fewer than k hits when the visited lists are small: missing
+    entries have idx −1 and sim −inf-like (faiss' −3.4e38).
+    Returns (sims float32 [Q,k], idx int64 [Q,k]) on the queries' device, each row
+    sorted by descending similarity, ties lower index first.
+    """
+    q_n = queries.shape[0]
+    sims = torch.empty(q_n, k, dtype=torch.float32, device=queries.device)
+    idx = torch.empty(q_n, k, dtype=torch.int64, device=queries.device)
+    for s, sb, ib in iter_knn(queries, keys, k, exclude_self=exclude_self, index=index,
+                              batch_size=batch_size, use_gpu=use_gpu, nprobe=nprobe,
+                              nlist=nlist, seed=seed):
+        sims[s:s + sb.shape[0]] = sb
+        idx[s:s + ib.shape[0]] = ib
+    return sims, idx
+
+
+# ----------------------------------------------------------------------------- torch
+
+def _torch_topk(q: torch.Tensor, keys: torch.Tensor, k: int, self_offset: int | None):
+    """Brute force for one query batch: [B,N] sims, self masked by index, stable sort."""
+    s = q.float() @ keys.float().T                                   # [B, N]
+    if self_offset is not None:
+        r = torch.arange(q.shape[0], device=s.device)
+        s[r, r + self_offset] = -torch.inf                           # the query itself
+    # a stable descending sort keeps equal sims in index order: ties → lower index
+    sims, idx = torch.sort(s, dim=1, descending=True, stable=True)
+    return sims[:, :k].contiguous(), idx[:, :k].contiguous()
+
+
+def knn_torch(queries: torch.Tensor, keys: torch.Tensor, k: int, *, exclude_self: bool = False,
+              batch_size: int = 1024) -> tuple[torch.Tensor, torch.Tensor]:
+    """Plain torch brute force (cross-check): same contract as `knn_search`.
+
+    Masking the self entry to −inf and taking the top k equals "search k+1, drop the
+    self entry by index, else the last", because ties are broken by index in both.
+    Memory O(batch_size·N); runs on the tensors' device.
+    """
+    if exclude_self and queries.shape[0] != keys.shape[0]:
+        raise ValueError("exclude_self=True needs queries == keys (same rows, same order)")
+    out_s, out_i = [], []
+    for s in range(0, queries.shape[0], batch_size):
+        sb, ib = _torch_topk(queries[s:s + batch_size], keys.to(queries.device), k,
+                             self_offset=s if exclude_self else None)
+        out_s.append(sb)
+        out_i.append(ib)
+    return torch.cat(out_s), torch.cat(out_i)

@@ -1,0 +1,290 @@
+"""Per-epoch Sel-CL selection: confident examples T and confident pairs G (SPEC §5).
+
+    sel = select(z, noisy_labels, C, k=250, alpha=0.5, beta=0.25)
+    sel.examples            # bool [N]   T
+    sel.pair_mask(i, j)     # bool [len(i), len(j)]   [(i, j) ∈ G]
+    sel.stats               # the per-epoch log of SPEC §5.9
+
+Steps (numbers as in SPEC §5), all batched so nothing N×N ever exists:
+ 1. k-NN (K = k, cosine, self excluded by index) — `selcl.knn.iter_knn`.
+ 2. ŷ_i = majority noisy label among the K neighbours (votes uniform, or exp(sim/0.1));
+    ties → lowest class id (torch.argmax returns the first maximum).
+ 3. q̂_i(c) = fraction of i's neighbours with ŷ = c.
+ 4. ℓ_i = −log clamp(q̂_i(ỹ_i), 0.01, 0.99);  a_i = [argmax_c q̂_i(c) = ỹ_i].
+ 5. m_c = Σ_{ỹ_i=c} a_i over all C classes;  n_sel = ⌊α-quantile{m_c}⌋ (numpy linear).
+ 6. T = per class, the min(n_sel, |{ỹ=c}|) smallest ℓ_i, ties → lower index.
+ 7. γ = β-quantile (linear) of sim over the ORDERED pairs of
+    G′ = {(i,j): i≠j, i,j ∈ T, ỹ_i=ỹ_j}; all of them when |G′| ≤ max_pairs (10⁶), else
+    a seeded uniform sample (with replacement) of exactly max_pairs of them.
+    G′ empty (every class has ≤ 1 selected example) ⇒ γ = +inf: no G″ pairs.
+ 8. G = G′ ∪ G″ ∪ {(i,i)},  G″ = {(i,j): ỹ_i=ỹ_j, sim > γ}; never different labels.
+    Never materialised: `Selection.pair_mask` rebuilds any block of it from ỹ, T and
+    the stored embeddings with one matmul.
+ 9. stats: |T|, n_sel, γ, |G|, and with clean labels precisions / recall.
+
+Similarities that decide membership of G (γ, pair_mask, |G|) are computed with autocast
+off, in float32 on CPU and float64 on CUDA (immune to TF32 flags the training loop may
+have switched on): G does not depend on bf16 / TF32 speed settings.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from selcl.knn import iter_knn
+
+VOTE_TEMPERATURE = 0.1      # weighting="exp": vote weight exp(sim / 0.1)
+Q_CLAMP = (0.01, 0.99)      # ℓ_i = −log clamp(q̂_i(ỹ_i), 0.01, 0.99)
+ROW_BATCH = 16384           # rows per batch of the vote / q̂ passes
+PAIR_CHUNK = 1 << 16        # pairs per chunk when sims are gathered row-wise
+BLOCK_ELEMS = 1 << 22       # entries per similarity block of the exact |G| count
+
+
+@dataclass
+class Selection:
+    """One epoch's selection. Tensors live on the features' device.
+
+    examples [N] bool (T), pseudo_labels [N] int64 (ŷ, pass 1), threshold γ (float,
+    +inf when G′ is empty), n_per_class n_sel, features [N,d] float32 (the z used for
+    the selection, needed for sim > γ), labels [N] int64 (ỹ), stats (SPEC §5.9 log).
+    """
+    examples: torch.Tensor
+    pseudo_labels: torch.Tensor
+    threshold: float
+    n_per_class: int
+    features: torch.Tensor
+    labels: torch.Tensor
+    stats: dict = field(default_factory=dict)
+
+    @property
+    def indices(self) -> torch.Tensor:
+        """Dataset indices of T, ascending (for sampling the L_CLS batches)."""
+        return self.examples.nonzero().squeeze(1)
+
+    def pair_mask(self, i: torch.Tensor, j: torch.Tensor) -> torch.Tensor:
+        """[(i_a, j_b) ∈ G] for dataset index tensors i [A], j [B] → bool [A, B].
+
+        G = same noisy label AND (same example OR both in T OR sim > γ). Cost: one
+        [A,d]×[d,B] matmul + a few elementwise [A,B] ops, no Python loop. Indices may
+        live on any device; the result is on i's device.
+        """
+        dev = self.features.device
+        ii, jj = i.to(dev, torch.long).view(-1), j.to(dev, torch.long).view(-1)
+        same = self.labels[ii][:, None] == self.labels[jj][None, :]            # ỹ_i = ỹ_j
+        pos = ii[:, None] == jj[None, :]                                        # (i, i) ∈ G
+        pos |= self.examples[ii][:, None] & self.examples[jj][None, :]          # G′ ⊂ T×T
+        if math.isfinite(self.threshold):                                       # G″
+            pos |= _sims(self.features, ii, jj) > self.threshold
+        return (same & pos).to(i.device)
+
+    def state_dict(self) -> dict:
+        """Everything needed to rebuild this selection (pair_mask included), on CPU."""
+        return {"examples": self.examples.cpu(), "pseudo_labels": self.pseudo_labels.cpu(),
+                "threshold": float(self.threshold), "n_per_class": int(self.n_per_class),
+                "features": self.features.cpu(), "labels": self.labels.cpu(),
+                "stats": dict(self.stats)}
+
+    @classmethod
+    def from_state_dict(cls, state: dict, device: torch.device | str | None = None) -> "Selection":
+        dev = torch.device(device) if device is not None else state["features"].device
+        return cls(examples=state["examples"].to(dev), pseudo_labels=state["pseudo_labels"].to(dev),
+                   threshold=float(state["threshold"]), n_per_class=int(state["n_per_class"]),
+                   features=state["features"].to(dev), labels=state["labels"].to(dev),
+                   stats=dict(state["stats"]))
+
+
+def _exact_dtype(device: torch.device) -> torch.dtype:
+    """dtype of the similarities that decide G: float64 on CUDA, where a float32 matmul
+    may silently run in TF32 (set_float32_matmul_precision / allow_tf32, flags we must
+    not flip); H100-class fp64 makes it ~free. float32 on CPU, which is IEEE there and
+    2.5× faster than float64. Either way the sims are exact to ~1e-7."""
+    return torch.float64 if device.type == "cuda" else torch.float32
+
+
+def _sims(z: torch.Tensor, ii: torch.Tensor, jj: torch.Tensor) -> torch.Tensor:
+    """[len(ii), len(jj)] cosine sims of stored embeddings: one matmul, autocast off."""
+    dt = _exact_dtype(z.device)
+    with torch.autocast(device_type=z.device.type, enabled=False):
+        return z[ii].to(dt) @ z[jj].to(dt).T
+
+
+def _pair_sims(z: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """sim(z_a[p], z_b[p]) for index vectors a, b [P], in chunks (memory O(chunk·d))."""
+    dt = _exact_dtype(z.device)
+    out = torch.empty(a.shape[0], dtype=dt, device=z.device)
+    for s in range(0, a.shape[0], PAIR_CHUNK):
+        za, zb = z[a[s:s + PAIR_CHUNK]].to(dt), z[b[s:s + PAIR_CHUNK]].to(dt)
+        out[s:s + PAIR_CHUNK] = (za * zb).sum(1)
+    return out
+
+
+def _sample_pairs(sizes: np.ndarray, starts: np.ndarray, m: int, rng: np.random.Generator):
+    """m ordered pairs (p, q), p ≠ q, drawn uniformly (with replacement) from the union
+    over groups g of {positions starts[g] .. starts[g]+sizes[g]-1}², diagonal excluded.
+
+    A group is picked with probability ∝ sizes·(sizes−1), then two distinct members.
+    Returns positions (int64 numpy) into the array the groups index."""
+    w = sizes.astype(np.float64) * (sizes - 1)
+    g = rng.choice(len(sizes), size=m, p=w / w.sum())
+    a = rng.integers(0, sizes[g])
+    b = rng.integers(0, sizes[g] - 1)
+    b = b + (b >= a)                        # skip the diagonal: b uniform over the others
+    return starts[g] + a, starts[g] + b
+
+
+def select(features: torch.Tensor, noisy_labels: torch.Tensor, num_classes: int, *,
+           k: int, alpha: float, beta: float, weighting: str = "uniform", seed: int = 0,
+           clean_labels: torch.Tensor | None = None, knn_index: str = "flat",
+           max_pairs: int = 10 ** 6, exact_pairs_max: int = 3 * 10 ** 7,
+           pair_samples: int = 2 * 10 ** 6, knn_kwargs: dict | None = None) -> Selection:
+    """Sel-CL selection of confident examples T and pairs G (SPEC §5, steps 1–9).
+
+    features [N,d] float32 L2-normalised z; noisy_labels [N] int64 ỹ; clean_labels [N]
+    (y, evaluation only: precision/recall stats). k: K of the k-NN; alpha, beta: the
+    fractiles α, β; weighting "uniform" | "exp" (votes exp(sim/0.1)); knn_index
+    "flat" | "ivf" | "torch" (see selcl.knn; knn_kwargs go to it, e.g. nprobe).
+    max_pairs: G′ pairs used for γ (all of them if |G′| ≤ max_pairs, else a sample of
+    max_pairs). |G| is counted exactly when the same-label ordered pairs number
+    ≤ exact_pairs_max, else estimated from `pair_samples` uniform same-label pairs.
+    seed seeds every sample (IVF training subsample, γ sample, |G| sample).
+    """
+    if weighting not in ("uniform", "exp"):
+        raise ValueError(f"weighting must be 'uniform' or 'exp', not {weighting!r}")
+    dev = features.device
+    n, C = features.shape[0], int(num_classes)
+    z = features.float()
+    y_noisy = noisy_labels.to(dev, torch.long)                      # ỹ
+    arange = lambda a, b: torch.arange(a, b, device=dev)            # noqa: E731
+
+    # ---- 1+2: k-NN, pass-1 votes per search batch (the [N,K] sims are never kept) ----
+    # neighbour ids as int32 (K·N·4 bytes: 50 MB at N=50k, 1 GB at N=10⁶, K=250)
+    nbr = torch.empty(n, k, dtype=torch.int32, device=dev)
+    y_hat = torch.empty(n, dtype=torch.long, device=dev)            # ŷ
+    for s, sims_b, idx_b in iter_knn(z, z, k, exclude_self=True, index=knn_index, seed=seed,
+                                     **(knn_kwargs or {})):
+        idx_b = idx_b.to(dev)
+        valid = idx_b >= 0                                          # IVF may return −1
+        lab = y_noisy[idx_b.clamp_min(0)]                           # ỹ of the neighbours
+        if weighting == "uniform":
+            w = valid.to(torch.int32)
+            votes = torch.zeros(idx_b.shape[0], C, dtype=torch.int32, device=dev)
+        else:   # float64 so equal vote totals compare equal more often than in float32
+            w = torch.exp(sims_b.to(dev, torch.float64) / VOTE_TEMPERATURE) * valid
+            votes = torch.zeros(idx_b.shape[0], C, dtype=torch.float64, device=dev)
+        votes.scatter_add_(1, lab, w)
+        y_hat[s:s + idx_b.shape[0]] = votes.argmax(1)               # first max: lowest id
+        nbr[s:s + idx_b.shape[0]] = idx_b.to(torch.int32)
+
+    # ---- 3+4: q̂_i(ỹ_i), ℓ_i, a_i (pass 2, batched over rows) ----
+    loss = torch.empty(n, dtype=torch.float64, device=dev)          # ℓ
+    agree = torch.empty(n, dtype=torch.bool, device=dev)            # a
+    for s in range(0, n, ROW_BATCH):
+        nb = nbr[s:s + ROW_BATCH].long()
+        valid = nb >= 0
+        counts = torch.zeros(nb.shape[0], C, dtype=torch.int32, device=dev)
+        counts.scatter_add_(1, y_hat[nb.clamp_min(0)], valid.to(torch.int32))  # K·q̂_i(c)
+        own = y_noisy[s:s + ROW_BATCH]
+        q_own = counts.gather(1, own[:, None]).squeeze(1).double() / valid.sum(1).clamp_min(1)
+        loss[s:s + ROW_BATCH] = -torch.log(q_own.clamp(*Q_CLAMP))
+        agree[s:s + ROW_BATCH] = counts.argmax(1) == own            # argmax ties → lowest id
+    del nbr
+
+    # ---- 5: class-balanced count n_sel ----
+    m_c = torch.bincount(y_noisy[agree], minlength=C)[:C]           # m_c over all C classes
+    n_sel = int(math.floor(np.quantile(m_c.cpu().numpy(), alpha)))
+
+    # ---- 6: T = per class the n_sel smallest ℓ, ties → lower index ----
+    # two stable sorts = lexicographic order by (ỹ, ℓ, index)
+    perm = torch.sort(loss, stable=True).indices
+    perm = perm[torch.sort(y_noisy[perm], stable=True).indices]
+    n_c = torch.bincount(y_noisy, minlength=C)[:C]                  # |{ỹ = c}|
+    start_c = torch.cumsum(n_c, 0) - n_c
+    rank = arange(0, n) - start_c[y_noisy[perm]]                    # position within class
+    examples = torch.zeros(n, dtype=torch.bool, device=dev)
+    examples[perm[rank < n_sel]] = True                              # T
+
+    # ---- 7: γ = β-quantile of sim over ordered pairs of G′ ----
+    t_c = torch.clamp(n_c, max=n_sel).cpu().numpy()                  # |T ∩ {ỹ=c}|
+    start_np = start_c.cpu().numpy()
+    n_gprime = int((t_c * (t_c - 1)).sum())                          # |G′| (ordered)
+    if n_gprime == 0:
+        gamma, gamma_sampled = math.inf, False                      # documented: no G″
+    elif n_gprime <= max_pairs:                                      # every ordered pair
+        vals = []
+        for c in np.flatnonzero(t_c >= 2):
+            members = perm[start_np[c]:start_np[c] + t_c[c]]        # T ∩ class c
+            s_c = _sims(z, members, members)
+            vals.append(s_c[~torch.eye(len(members), dtype=torch.bool, device=dev)])
+        gamma, gamma_sampled = float(np.quantile(torch.cat(vals).cpu().numpy(), beta)), False
+    else:                                                            # seeded sample
+        rng = np.random.default_rng([seed, 7])
+        a, b = _sample_pairs(t_c, start_np, max_pairs, rng)          # T of class c = first
+        a, b = (perm[torch.from_numpy(x).to(dev)] for x in (a, b))  # t_c of its block
+        gamma = float(np.quantile(_pair_sims(z, a, b).cpu().numpy(), beta))
+        gamma_sampled = True
+
+    sel = Selection(examples=examples, pseudo_labels=y_hat, threshold=gamma,
+                    n_per_class=n_sel, features=z, labels=y_noisy)
+
+    # ---- 9: stats ----
+    stats = {"n_selected": int(examples.sum()), "n_per_class": n_sel, "threshold": gamma,
+             "threshold_sampled": gamma_sampled, "n_pairs_G_prime": n_gprime,
+             "agreement_rate": float(agree.double().mean())}
+    y = clean_labels.to(dev, torch.long) if clean_labels is not None else None
+    n_same = int((n_c.cpu().numpy().astype(np.int64) * (n_c.cpu().numpy() - 1)).sum())
+    if n_same <= exact_pairs_max:
+        n_g, n_g_clean = _count_pairs_exact(sel, perm, n_c.cpu().numpy(), start_np, y)
+        estimated = False
+    else:
+        n_g, n_g_clean = _count_pairs_sampled(sel, perm, n_c.cpu().numpy(), start_np, y,
+                                              pair_samples, np.random.default_rng([seed, 9]))
+        estimated = True
+    stats.update(n_pairs=n_g, n_pairs_estimated=estimated, n_same_label_pairs=n_same)
+    if y is not None:
+        clean = y_noisy == y
+        n_t = max(int(examples.sum()), 1)
+        stats.update(
+            precision_T=float((examples & clean).sum()) / n_t,        # ỹ = y within T
+            recall_T=float((examples & clean).sum()) / max(int(clean.sum()), 1),
+            precision_G=(n_g_clean / n_g) if n_g > 0 else float("nan"),
+            pseudo_label_accuracy=float((y_hat == y).double().mean()))
+    sel.stats = stats
+    return sel
+
+
+def _count_pairs_exact(sel: Selection, perm, n_c, starts, y):
+    """|G| (ordered, i ≠ j) and, with clean labels y, how many of them have y_i = y_j.
+
+    Per class, row blocks of the class's own similarity matrix: O(BLOCK_ELEMS) memory."""
+    dev = sel.features.device
+    n_g, n_clean = 0, 0
+    for c in np.flatnonzero(n_c >= 2):
+        mem = perm[starts[c]:starts[c] + n_c[c]]                     # all examples ỹ = c
+        rows = max(1, BLOCK_ELEMS // len(mem))
+        for r in range(0, len(mem), rows):
+            ii = mem[r:r + rows]
+            in_g = sel.pair_mask(ii, mem)                             # same label: all true
+            in_g[torch.arange(len(ii), device=dev), torch.arange(r, r + len(ii), device=dev)] = False
+            n_g += int(in_g.sum())
+            if y is not None:
+                n_clean += int((in_g & (y[ii][:, None] == y[mem][None, :])).sum())
+    return n_g, n_clean
+
+
+def _count_pairs_sampled(sel: Selection, perm, n_c, starts, y, m, rng):
+    """Unbiased |G| estimate from m uniform same-label ordered pairs (i ≠ j):
+    |G| ≈ (#same-label pairs)·(fraction in G); the clean count is scaled likewise, so
+    precision_G is the (consistent) ratio estimate among the sampled G pairs."""
+    dev = sel.features.device
+    total = float((n_c.astype(np.float64) * (n_c - 1)).sum())
+    a, b = _sample_pairs(n_c, starts, m, rng)
+    a, b = (perm[torch.from_numpy(x).to(dev)] for x in (a, b))
+    in_g = (sel.examples[a] & sel.examples[b])                        # labels equal by design
+    if math.isfinite(sel.threshold):
+        in_g |= _pair_sims(sel.features, a, b) > sel.threshold
+    n_in = int(in_g.sum())
+    n_clean = int((in_g & (y[a] == y[b])).sum()) if y is not None else 0
+    return total * n_in / m, total * n_clean / m

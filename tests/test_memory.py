@@ -1,0 +1,128 @@
+"""Ring-buffer memories (SPEC §4, §6) against a one-row-at-a-time Python simulation."""
+import pytest
+import torch
+
+from selcl.memory import KeyQueue, LabelledMemory
+
+
+class RefRing:
+    """Write rows one at a time into slot ptr, ptr ← (ptr+1) mod size."""
+
+    def __init__(self, size):
+        self.size, self.slots, self.ptr = size, [None] * size, 0
+
+    def push(self, rows):
+        for r in rows:
+            if self.size == 0:
+                return
+            self.slots[self.ptr] = r
+            self.ptr = (self.ptr + 1) % self.size
+
+    def filled(self):
+        return [r for r in self.slots if r is not None]
+
+
+def rows(gen, b, d):
+    return torch.randn(b, d, generator=gen, dtype=torch.float64)
+
+
+@pytest.mark.parametrize("batches", [[3, 2], [4, 4, 4], [3, 5, 1, 6], [10], [13], [2, 23, 3], [0, 4, 0]])
+def test_key_queue_matches_reference(batches):
+    gen = torch.Generator().manual_seed(sum(batches))
+    q, ref = KeyQueue(10, 4, "cpu"), RefRing(10)
+    assert q.keys.shape == (0, 4)
+    for b in batches:
+        k = rows(gen, b, 4)
+        q.enqueue(k)
+        ref.push(list(k.float()))
+        expected = torch.stack(ref.filled()) if ref.filled() else torch.zeros(0, 4)
+        assert q.keys.dtype == torch.float32 and len(q) == len(ref.filled())
+        assert torch.equal(q.keys, expected)  # same slots, same order
+        assert q.ptr == ref.ptr
+
+
+def test_key_queue_partial_fill_wrap_and_oversize_contents():
+    q = KeyQueue(5, 1)
+    q.enqueue(torch.arange(3.0)[:, None])
+    assert q.keys.squeeze(1).tolist() == [0, 1, 2] and not q.full
+    q.enqueue(torch.arange(3.0, 7.0)[:, None])  # 4 rows, 2 remaining slots → wraps
+    assert q.keys.squeeze(1).tolist() == [5, 6, 2, 3, 4] and q.full and q.ptr == 2
+    q.enqueue(torch.arange(10.0, 22.0)[:, None])  # 12 rows ≥ size: only the last 5 survive
+    assert sorted(q.keys.squeeze(1).tolist()) == [17, 18, 19, 20, 21]
+    assert q.ptr == (2 + 12) % 5
+
+
+def test_key_queue_detaches_and_converts():
+    q = KeyQueue(4, 3)
+    k = torch.randn(2, 3, dtype=torch.float64, requires_grad=True)
+    q.enqueue(k * 2)
+    assert not q.keys.requires_grad and q.keys.dtype == torch.float32
+    torch.testing.assert_close(q.keys, (k * 2).detach().float())
+    q.enqueue(torch.randn(2, 3).bfloat16())
+    assert q.keys.dtype == torch.float32 and q.full
+    with pytest.raises(ValueError):
+        q.enqueue(torch.randn(2, 5))
+
+
+def test_zero_size_memory_stays_empty():
+    q = KeyQueue(0, 3)
+    q.enqueue(torch.randn(4, 3))
+    assert q.keys.shape == (0, 3)
+    m = LabelledMemory(0, 3, 2)
+    m.enqueue(torch.randn(4, 3), torch.rand(4, 2), torch.arange(4))
+    assert m.feats.shape == (0, 3) and m.ids.shape == (0,)
+
+
+def test_key_queue_state_dict_roundtrip():
+    gen = torch.Generator().manual_seed(3)
+    q = KeyQueue(7, 4)
+    q.enqueue(rows(gen, 5, 4))
+    q.enqueue(rows(gen, 4, 4))
+    state = q.state_dict()
+    assert state["keys"].device.type == "cpu"
+    q2 = KeyQueue(7, 4)
+    q2.load_state_dict(state)
+    assert torch.equal(q2.keys, q.keys) and q2.ptr == q.ptr and len(q2) == len(q)
+    nxt = rows(gen, 3, 4)
+    q.enqueue(nxt)
+    q2.enqueue(nxt)
+    assert torch.equal(q2.keys, q.keys)
+    # the state is a copy: later writes do not change it
+    assert not torch.equal(state["keys"], q.keys)
+    with pytest.raises(ValueError):
+        KeyQueue(8, 4).load_state_dict(state)
+
+
+def test_labelled_memory_aligned_fields_and_roundtrip():
+    gen = torch.Generator().manual_seed(4)
+    m, ref = LabelledMemory(6, 3, 4), RefRing(6)
+    for b in (4, 5, 9, 2):
+        z = rows(gen, b, 3)
+        p = torch.softmax(rows(gen, b, 4), 1)
+        ids = torch.randint(0, 1000, (b,), generator=gen, dtype=torch.int32)
+        m.enqueue(z, p, ids)
+        ref.push(list(zip(z.float(), p.float(), ids.long())))
+        fz, fp, fi = zip(*ref.filled())
+        assert torch.equal(m.feats, torch.stack(fz)) and torch.equal(m.probs, torch.stack(fp))
+        assert torch.equal(m.ids, torch.stack(fi))
+        assert m.ids.dtype == torch.int64 and m.feats.dtype == m.probs.dtype == torch.float32
+    m2 = LabelledMemory(6, 3, 4)
+    m2.load_state_dict(m.state_dict())
+    for name in ("feats", "probs", "ids"):
+        assert torch.equal(getattr(m2, name), getattr(m, name))
+    assert m2.ptr == m.ptr and len(m2) == len(m)
+    with pytest.raises(ValueError):
+        m.enqueue(rows(gen, 2, 3), torch.rand(3, 4), torch.arange(2))  # mismatched batch sizes
+
+
+@pytest.mark.parametrize("device", ["cpu"] + (["cuda"] if torch.cuda.is_available() else []))
+def test_memory_on_device_state_dict_is_cpu(device):
+    m = LabelledMemory(5, 3, 2, device)
+    m.enqueue(torch.randn(7, 3, device=device).bfloat16(), torch.rand(7, 2, device=device),
+              torch.arange(7, device=device))
+    assert m.feats.device.type == device and m.ids.tolist() == [5, 6, 2, 3, 4]
+    state = m.state_dict()
+    assert all(state[k].device.type == "cpu" for k in ("feats", "probs", "ids"))
+    m2 = LabelledMemory(5, 3, 2, device)
+    m2.load_state_dict(state)
+    assert torch.equal(m2.feats, m.feats) and m2.ptr == m.ptr == 2

@@ -1,0 +1,237 @@
+"""Sel-CL selection (SPEC §5) against a plain float64 brute force written from the steps."""
+import functools
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from selcl.selection import Selection, select
+
+pytest.importorskip("faiss")
+
+
+# --------------------------------------------------------------------------- data
+
+def unit(x):
+    return x / x.norm(dim=1, keepdim=True)
+
+
+def make_case(name):
+    """(z float32 [N,d], noisy ỹ, clean y, C). Small N so the reference can loop."""
+    g = torch.Generator().manual_seed(sum(map(ord, name)))
+    rng = np.random.default_rng(sum(map(ord, name)))
+    if name == "grid":       # entries ±½ in d=4: every sim is exact → ties everywhere
+        n, C = 160, 4
+        z = torch.from_numpy((rng.integers(0, 2, (n, 4)) * 2 - 1).astype(np.float32) * 0.5)
+        y = torch.from_numpy(rng.integers(0, C, n))
+    else:                    # clustered by class, with label noise
+        n, C, d = (150, 5, 8) if name == "clustered" else (140, 4, 6)
+        y = torch.randint(0, C, (n,), generator=g)
+        if name == "imbalanced":   # class 3 has 3 examples: fewer than n_sel when α = 1
+            y[y == 3] = 0
+            y[:3] = 3
+        centres = torch.randn(C, d, generator=g)
+        z = unit(centres[y] + 1.0 * torch.randn(n, d, generator=g))
+        if name == "duplicates":   # copies of some rows: exact ties in sims and in ℓ
+            for src in rng.choice(n, 15, replace=False):
+                z[torch.from_numpy(rng.choice(n, 3, replace=False))] = z[int(src)].clone()
+    noisy = y.clone()
+    flip = torch.from_numpy(rng.random(len(y)) < 0.35)
+    noisy[flip] = torch.from_numpy(rng.integers(0, C, int(flip.sum())))
+    return z, noisy, y, C
+
+
+CASES = ["clustered", "duplicates", "imbalanced", "grid"]
+
+
+# --------------------------------------------------------------------------- reference
+
+@functools.lru_cache(maxsize=None)
+def reference_scores(name, k, weighting):
+    """Steps 1–4 of SPEC §5 with plain loops in float64."""
+    z, noisy, _, C = make_case(name)
+    Z, yt = z.double().numpy(), noisy.numpy()
+    n = len(yt)
+    S = Z @ Z.T
+    # 1. the k most similar other examples, ties to the lower index
+    nbrs = [sorted((j for j in range(n) if j != i), key=lambda j: (-S[i, j], j))[:k] for i in range(n)]
+    # 2. ŷ: majority noisy label among neighbours, ties → lowest class id
+    y_hat = []
+    for i in range(n):
+        votes = [0.0] * C
+        for j in nbrs[i]:
+            votes[yt[j]] += 1.0 if weighting == "uniform" else math.exp(S[i, j] / 0.1)
+        y_hat.append(min(c for c in range(C) if votes[c] == max(votes)))
+    # 3. q̂_i(c); 4. ℓ_i and a_i
+    loss, agree = [], []
+    for i in range(n):
+        q = [sum(y_hat[j] == c for j in nbrs[i]) / k for c in range(C)]
+        loss.append(-math.log(min(max(q[yt[i]], 0.01), 0.99)))
+        agree.append(min(c for c in range(C) if q[c] == max(q)) == yt[i])
+    return S, np.array(y_hat), np.array(loss), np.array(agree)
+
+
+def reference_select(name, k, alpha, beta, weighting):
+    """Steps 5–8: n_sel, T, γ, and the full N×N G (float64, brute force)."""
+    z, noisy, _, C = make_case(name)
+    yt = noisy.numpy()
+    n = len(yt)
+    S, y_hat, loss, agree = reference_scores(name, k, weighting)
+    m = [sum(agree[i] for i in range(n) if yt[i] == c) for c in range(C)]
+    n_sel = math.floor(np.quantile(m, alpha))
+    T = np.zeros(n, bool)
+    for c in range(C):
+        members = sorted((i for i in range(n) if yt[i] == c), key=lambda i: (loss[i], i))
+        T[members[:min(n_sel, len(members))]] = True
+    g1 = [S[i, j] for i in range(n) for j in range(n) if i != j and T[i] and T[j] and yt[i] == yt[j]]
+    gamma = float(np.quantile(g1, beta)) if g1 else math.inf
+    G = np.zeros((n, n), bool)
+    for i in range(n):
+        for j in range(n):
+            G[i, j] = yt[i] == yt[j] and (i == j or (T[i] and T[j]) or S[i, j] > gamma)
+    return dict(S=S, y_hat=y_hat, n_sel=n_sel, T=T, gamma=gamma, G=G, n_g1=len(g1))
+
+
+def check_against_reference(sel, ref, name, atol=1e-6):
+    z, noisy, y, C = make_case(name)
+    n = len(noisy)
+    assert sel.n_per_class == ref["n_sel"]
+    np.testing.assert_array_equal(sel.pseudo_labels.cpu().numpy(), ref["y_hat"])
+    np.testing.assert_array_equal(sel.examples.cpu().numpy(), ref["T"])
+    if math.isinf(ref["gamma"]):
+        assert sel.threshold == math.inf
+    else:
+        assert sel.threshold == pytest.approx(ref["gamma"], abs=atol)
+    idx = torch.arange(n, device=sel.features.device)
+    mask = sel.pair_mask(idx, idx).cpu().numpy()
+    assert mask.shape == (n, n) and mask.dtype == bool
+    # only a pair whose sim equals γ up to rounding may legitimately disagree
+    near = np.abs(ref["S"] - ref["gamma"]) < atol if math.isfinite(ref["gamma"]) else np.zeros_like(mask)
+    bad = (mask != ref["G"]) & ~near
+    assert not bad.any(), f"{bad.sum()} pairs differ from the brute-force G"
+    # stats (SPEC §5.9)
+    st, T, G, yt, yc = sel.stats, ref["T"], ref["G"], noisy.numpy(), y.numpy()
+    off = G & ~np.eye(n, dtype=bool)
+    assert st["n_selected"] == T.sum() and st["n_per_class"] == ref["n_sel"]
+    assert st["n_pairs_G_prime"] == ref["n_g1"]
+    assert st["n_pairs_estimated"] is False and st["n_pairs"] == off.sum()
+    same_clean = yc[:, None] == yc[None, :]
+    assert st["precision_T"] == pytest.approx((yt[T] == yc[T]).mean() if T.any() else 0.0)
+    assert st["recall_T"] == pytest.approx(T[yt == yc].mean())
+    if off.any():
+        assert st["precision_G"] == pytest.approx((off & same_clean).sum() / off.sum())
+    assert st["pseudo_label_accuracy"] == pytest.approx((ref["y_hat"] == yc).mean())
+
+
+# --------------------------------------------------------------------------- tests
+
+@pytest.mark.parametrize("weighting", ["uniform", "exp"])
+@pytest.mark.parametrize("beta", [0.0, 0.5, 1.0])
+@pytest.mark.parametrize("alpha", [0.0, 0.5, 1.0])
+@pytest.mark.parametrize("name", CASES)
+def test_select_matches_bruteforce(name, alpha, beta, weighting):
+    if name == "grid" and weighting == "exp":
+        pytest.skip("exp-weighted votes on exactly tied sims: float summation order decides")
+    z, noisy, y, C = make_case(name)
+    k = 12
+    sel = select(z, noisy, C, k=k, alpha=alpha, beta=beta, weighting=weighting, clean_labels=y)
+    ref = reference_select(name, k, alpha, beta, weighting)
+    check_against_reference(sel, ref, name)
+
+
+def test_cases_exercise_the_edge_cases():
+    """The cases above really contain what they are meant to test."""
+    z, noisy, _, C = make_case("imbalanced")
+    ref = reference_select("imbalanced", 12, 1.0, 0.5, "uniform")
+    assert (np.bincount(noisy.numpy(), minlength=C) < ref["n_sel"]).any()   # class < n_sel
+    _, _, loss, _ = reference_scores("duplicates", 12, "uniform")
+    assert len(np.unique(loss)) < len(loss) // 4                            # many equal ℓ
+    S, *_ = reference_scores("grid", 12, "uniform")
+    assert len(np.unique(S)) == 5                                           # all sims tied
+
+
+@pytest.mark.parametrize("name,index", [("duplicates", "torch"), ("clustered", "ivf")])
+def test_knn_backends_agree(name, index):
+    # (IVF resolves no boundary ties, so it is compared on data without duplicates)
+    z, noisy, y, C = make_case(name)
+    a = select(z, noisy, C, k=12, alpha=0.5, beta=0.25, knn_index="flat")
+    o = select(z, noisy, C, k=12, alpha=0.5, beta=0.25, knn_index=index,
+               knn_kwargs=dict(nlist=2, nprobe=2) if index == "ivf" else None)  # all lists
+    assert torch.equal(a.examples, o.examples) and torch.equal(a.pseudo_labels, o.pseudo_labels)
+    assert a.threshold == pytest.approx(o.threshold, abs=1e-12) and a.stats == o.stats
+
+
+def test_empty_G_prime_gives_infinite_threshold():
+    z, noisy, y, C = make_case("clustered")
+    sel = select(z, noisy, C + 1, k=12, alpha=0.0, beta=0.5)    # class C is empty: m_C = 0
+    assert sel.n_per_class == 0 and not sel.examples.any() and sel.threshold == math.inf
+    idx = torch.arange(len(noisy))
+    assert torch.equal(sel.pair_mask(idx, idx), torch.eye(len(noisy), dtype=torch.bool))
+    assert sel.stats["n_pairs"] == 0
+
+
+def test_threshold_sampling_and_pair_estimate():
+    """γ from a seeded sample of G′ and |G| from a sample of same-label pairs."""
+    g = torch.Generator().manual_seed(0)
+    n, C = 2000, 3
+    y = torch.randint(0, C, (n,), generator=g)
+    z = unit(torch.randn(C, 16, generator=g)[y] + 0.7 * torch.randn(n, 16, generator=g))
+    noisy = y.clone()
+    noisy[:400] = torch.randint(0, C, (400,), generator=g)
+    exact = select(z, noisy, C, k=20, alpha=0.5, beta=0.3, clean_labels=y, max_pairs=10 ** 7)
+    assert exact.stats["threshold_sampled"] is False and exact.stats["n_pairs_estimated"] is False
+    kw = dict(k=20, alpha=0.5, beta=0.3, clean_labels=y, max_pairs=40_000,
+              exact_pairs_max=0, pair_samples=300_000)
+    s1 = select(z, noisy, C, seed=1, **kw)
+    s2 = select(z, noisy, C, seed=1, **kw)
+    s3 = select(z, noisy, C, seed=2, **kw)
+    assert s1.stats["threshold_sampled"] and s1.stats["n_pairs_estimated"]
+    assert s1.threshold == s2.threshold and s1.stats == s2.stats          # seeded
+    assert s1.threshold != s3.threshold
+    assert torch.equal(s1.examples, exact.examples)
+    assert s1.threshold == pytest.approx(exact.threshold, abs=0.01)
+    assert s1.stats["n_pairs"] == pytest.approx(exact.stats["n_pairs"], rel=0.02)
+    assert s1.stats["precision_G"] == pytest.approx(exact.stats["precision_G"], abs=0.01)
+
+
+def test_pair_mask_blocks_and_state_dict(tmp_path):
+    name = "duplicates"
+    z, noisy, y, C = make_case(name)
+    sel = select(z, noisy, C, k=12, alpha=0.5, beta=0.5, clean_labels=y)
+    G = reference_select(name, 12, 0.5, 0.5, "uniform")["G"]
+    g = torch.Generator().manual_seed(3)
+    i = torch.randint(0, len(noisy), (37,), generator=g)                   # repeats allowed
+    j = torch.randint(0, len(noisy), (53,), generator=g)
+    np.testing.assert_array_equal(sel.pair_mask(i, j).numpy(), G[i.numpy()][:, j.numpy()])
+    path = tmp_path / "sel.pt"
+    torch.save(sel.state_dict(), path)
+    back = Selection.from_state_dict(torch.load(path))
+    assert torch.equal(back.pair_mask(i, j), sel.pair_mask(i, j))
+    assert back.threshold == sel.threshold and back.n_per_class == sel.n_per_class
+    assert torch.equal(back.examples, sel.examples) and back.stats == sel.stats
+    assert torch.equal(back.indices, sel.examples.nonzero().squeeze(1))
+
+
+def test_pair_mask_ignores_autocast():
+    z, noisy, y, C = make_case("clustered")
+    sel = select(z, noisy, C, k=12, alpha=0.5, beta=0.5)
+    idx = torch.arange(len(noisy))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        m = sel.pair_mask(idx, idx)
+    assert torch.equal(m, sel.pair_mask(idx, idx))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_matches_reference():
+    name = "duplicates"
+    z, noisy, y, C = make_case(name)
+    gpu = select(z.cuda(), noisy.cuda(), C, k=12, alpha=0.5, beta=0.5, clean_labels=y.cuda())
+    assert gpu.examples.is_cuda and gpu.pseudo_labels.is_cuda
+    check_against_reference(gpu, reference_select(name, 12, 0.5, 0.5, "uniform"), name)
+    i = torch.arange(len(noisy), device="cuda")
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        m = gpu.pair_mask(i, i)
+    assert m.is_cuda and torch.equal(m, gpu.pair_mask(i, i))
+    cpu = Selection.from_state_dict(gpu.state_dict(), device="cpu")
+    assert cpu.pair_mask(i, i).is_cuda                                     # CPU store, CUDA ids
