@@ -42,22 +42,30 @@ from selcl.selection import select  # noqa: E402
 
 
 def make_features(n: int, d: int, classes: int, noise: float, seed: int = 0,
-                  spread: float = 1.1, subclusters: int = 1):
-    """Clustered unit features, clean labels y and symmetric noisy labels ỹ (float32/int64
-    numpy). Optional sub-clusters per class (μ_c + 0.6·ν_cs) give the local structure of
-    real embeddings (used by the IVF benchmark). Generated in chunks: O(chunk·d) temp."""
+                  spread: float = 1.1, intrinsic_dim: int | None = None):
+    """Clustered unit features, clean labels y and symmetric noisy labels ỹ (numpy
+    float32 / int64). z = normalise(μ_c + ε): μ_c a random unit vector per class, ε
+    isotropic with |ε| ≈ spread; or, with intrinsic_dim = m, ε = spread·A_c u with u ~
+    N(0, I_m/m) in a random m-dim subspace A_c per class plus 10% isotropic noise — the
+    low intrinsic dimension of learned embeddings, which approximate search relies on.
+    Generated in chunks: O(chunk·d) temporaries."""
     rng = np.random.default_rng(seed)
     mu = rng.standard_normal((classes, d)).astype(np.float32)
     mu /= np.linalg.norm(mu, axis=1, keepdims=True)
-    sub = rng.standard_normal((classes, subclusters, d)).astype(np.float32) / np.sqrt(d)
+    if intrinsic_dim:
+        basis = np.linalg.qr(rng.standard_normal((classes, d, intrinsic_dim)))[0].astype(np.float32)
     y = rng.integers(0, classes, n)
-    s_id = rng.integers(0, subclusters, n)
     z = np.empty((n, d), dtype=np.float32)
     for s in range(0, n, 1 << 16):
-        e = slice(s, s + (1 << 16))
-        x = mu[y[e]] + (0.6 * sub[y[e], s_id[e]] if subclusters > 1 else 0.0)
-        x = x + rng.standard_normal((len(x), d), dtype=np.float32) * (spread / np.sqrt(d))
-        z[e] = x / np.linalg.norm(x, axis=1, keepdims=True)
+        yc = y[s:s + (1 << 16)]
+        if intrinsic_dim:
+            u = rng.standard_normal((len(yc), intrinsic_dim), dtype=np.float32) / np.sqrt(intrinsic_dim)
+            e = np.einsum("bdm,bm->bd", basis[yc], u) \
+                + 0.1 * rng.standard_normal((len(yc), d), dtype=np.float32) / np.sqrt(d)
+        else:
+            e = rng.standard_normal((len(yc), d), dtype=np.float32) / np.sqrt(d)
+        x = mu[yc] + spread * e
+        z[s:s + len(yc)] = x / np.linalg.norm(x, axis=1, keepdims=True)
     noisy = y.copy()
     flip = rng.permutation(n)[:int(noise * n)]       # SPEC §1: ⌊r·N⌋ examples, any class
     noisy[flip] = rng.integers(0, classes, len(flip))

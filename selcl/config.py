@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import difflib
+import math
 from pathlib import Path
 
 import yaml
@@ -108,7 +109,7 @@ TOP_KEYS = ("run", "suites", "defaults", "settings")
 
 
 def _did_you_mean(key: str, options) -> str:
-    close = difflib.get_close_matches(key, list(options), n=1, cutoff=0.6)
+    close = difflib.get_close_matches(str(key), [str(o) for o in options], n=1, cutoff=0.6)
     return f" (did you mean '{close[0]}'?)" if close else ""
 
 
@@ -122,6 +123,8 @@ def _check_value(where: str, value, types, check) -> None:
     if not ok_type:
         names = "/".join("null" if t is type(None) else t.__name__ for t in types)
         raise ConfigError(f"{where}: expected {names}, got {value!r}")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"{where} = {value!r}: must be a finite number")
     if check is not None and value is not None:
         verdict = check(value)
         if verdict is not True:
@@ -149,7 +152,8 @@ def load_params(path: str | Path = "params.yaml") -> dict:
     try:
         params = yaml.safe_load(path.read_text())
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+        # PyYAML's message spans several lines; a stage reports exactly one.
+        raise ConfigError(f"{path}: not valid YAML: {' '.join(str(exc).split())}") from None
     if not isinstance(params, dict):
         raise ConfigError(f"{path}: expected a mapping at the top level")
     return params
@@ -157,18 +161,26 @@ def load_params(path: str | Path = "params.yaml") -> dict:
 
 def validate(params: dict) -> None:
     """Validate the whole file: top keys, `defaults`, every setting, `run`, `suites`."""
+    _validate_structure(params)
+    for name in params["settings"]:
+        validate_setting(params, name)
+
+
+def _validate_structure(params: dict) -> None:
+    """Top-level keys, `defaults` (complete), and the setting names in `run` / `suites`:
+    cheap checks every stage makes, so a typo anywhere in the file's frame stops it."""
     for key in params:
         if key not in TOP_KEYS:
-            raise ConfigError(f"{key}: unknown top-level key{_did_you_mean(key, TOP_KEYS)}")
+            raise ConfigError(f"{key}: unknown top-level key{_did_you_mean(str(key), TOP_KEYS)}")
     for key in TOP_KEYS:
         if key not in params:
             raise ConfigError(f"{key}: missing top-level key")
     defaults = params["defaults"]
     if not isinstance(defaults, dict):
-        raise ConfigError("defaults: expected a mapping")
+        raise ConfigError("defaults: expected a mapping of sections")
     for section in defaults:
         if section not in SCHEMA:
-            raise ConfigError(f"defaults.{section}: unknown section{_did_you_mean(section, SCHEMA)}")
+            raise ConfigError(f"defaults.{section}: unknown section{_did_you_mean(str(section), SCHEMA)}")
     for section in SECTIONS:
         if section not in defaults:
             raise ConfigError(f"defaults.{section}: missing section")
@@ -176,24 +188,29 @@ def validate(params: dict) -> None:
     settings = params["settings"]
     if not isinstance(settings, dict) or not settings:
         raise ConfigError("settings: expected a non-empty mapping of setting name -> sections")
-    for name in settings:
-        validate_setting(params, name)
     run = params["run"]
     if not isinstance(run, list) or not run:
         raise ConfigError("run: expected a non-empty list of setting names")
     for name in run:
-        if name not in settings:
+        if not isinstance(name, str) or name not in settings:
             raise ConfigError(f"run: unknown setting '{name}'{_did_you_mean(str(name), settings)}")
     if len(set(run)) != len(run):
         raise ConfigError("run: a setting is listed twice")
-    for suite, names in (params["suites"] or {}).items():
+    suites = params["suites"] or {}
+    if not isinstance(suites, dict):
+        raise ConfigError("suites: expected a mapping of suite name -> list of settings")
+    for suite, names in suites.items():
+        if not isinstance(names, (list, type(None))):
+            raise ConfigError(f"suites.{suite}: expected a list of setting names, got {names!r}")
         for name in names or []:
-            if name not in settings:
+            if not isinstance(name, str) or name not in settings:
                 raise ConfigError(f"suites.{suite}: unknown setting '{name}'{_did_you_mean(str(name), settings)}")
 
 
 def validate_setting(params: dict, name: str) -> None:
     settings = params.get("settings") or {}
+    if not isinstance(settings, dict):
+        raise ConfigError("settings: expected a mapping of setting name -> sections")
     if name not in settings:
         raise ConfigError(f"settings.{name}: no such setting{_did_you_mean(name, settings)}")
     setting = settings[name]
@@ -254,14 +271,10 @@ def load_setting(name: str, path: str | Path = "params.yaml", sections=None) -> 
     """Load params.yaml, validate the setting `name` (and only it) and return its config.
 
     Each stage calls this for its own setting, so a typo anywhere in that setting —
-    or in `defaults` — stops the stage before any work."""
+    or in `defaults`, or in the file's frame (top-level keys, `run`, `suites`) — stops
+    the stage before any work. Other settings are not validated here (their own
+    stages do that), so a typo in one setting never blocks another."""
     params = load_params(path)
-    defaults = params.get("defaults")
-    if not isinstance(defaults, dict):
-        raise ConfigError("defaults: missing or not a mapping")
-    for section in SECTIONS:
-        if section not in defaults:
-            raise ConfigError(f"defaults.{section}: missing section")
-        _check_section(f"defaults.{section}", section, defaults[section], complete=True)
+    _validate_structure(params)
     validate_setting(params, name)
     return resolve(params, name, validated=True)

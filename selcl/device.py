@@ -76,3 +76,13 @@ def describe(device: torch.device) -> dict:
     if is_cuda(device):
         info["gpu"] = torch.cuda.get_device_name(device)
     return info
+
+
+def knn_index_for(device: torch.device | str, index: str = "flat") -> str:
+    """The k-NN backend for embeddings on `device`: a faiss GPU index where faiss has
+    GPU support; on CUDA without it (e.g. a pip faiss-cpu), the exact torch brute force
+    on the GPU ("torch": batched matmul + top-k, far faster than copying to a CPU
+    index); faiss on the CPU otherwise. Approximate "ivf" is always faiss."""
+    if index == "flat" and is_cuda(device) and not faiss_gpu_available():
+        return "torch"
+    return index

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from . import augment
-from .device import autocast, memory_format
+from .device import autocast, knn_index_for, memory_format
 from .knn import knn_search
 
 
@@ -37,7 +37,7 @@ def embed(model, x_uint8: torch.Tensor, mean, std, *, batch_size: int = 1024):
 def weighted_knn_scores(train_z, train_labels, test_z, num_classes: int, *, k: int = 200,
                         sigma: float = 0.1):
     """Class scores [M, C] of the weighted k-NN classifier (float32)."""
-    sims, idx = knn_search(test_z, train_z, k)
+    sims, idx = knn_search(test_z, train_z, k, index=knn_index_for(test_z.device))
     weights = torch.exp(sims / sigma)                                   # exp(sim/σ)
     votes = torch.zeros(test_z.shape[0], num_classes, device=test_z.device)
     votes.scatter_add_(1, train_labels[idx], weights)                   # Σ w·[label = c]

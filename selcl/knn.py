@@ -1,12 +1,13 @@
 """k-nearest-neighbour search on L2-normalised embeddings (SPEC §5.1, also §8).
 
-Similarity is cosine = inner product of L2-normalised float32 vectors. Two backends:
+Similarity is cosine = inner product of L2-normalised float32 vectors.
 
-* `knn_search` — faiss. `index="flat"`: exact `IndexFlatIP`; `index="ivf"`:
-  approximate `IndexIVFFlat` (inner product, spherical k-means coarse quantiser) for
-  N ~ 10⁶; `index="torch"`: the torch brute force below, behind the same interface.
+* `knn_search` / `iter_knn` (batched generator) — faiss. `index="flat"`: exact
+  `IndexFlatIP`; `index="ivf"`: approximate `IndexIVFFlat` (inner product, spherical
+  k-means coarse quantiser) for N ~ 10⁶; `index="torch"`: torch brute force on the
+  tensors' device (topk + exact tie handling), e.g. for CUDA without faiss-gpu.
   A faiss GPU index is used when `selcl.device.faiss_gpu_available()` (and `use_gpu`
-  is not False); the CPU index otherwise.
+  is not False); the CPU index otherwise. `build_index` builds one for reuse.
 * `knn_torch` — plain batched torch matmul + stable sort, kept as a cross-check.
 
 `exclude_self=True` means the queries ARE the keys, in the same order: we search
@@ -27,6 +28,7 @@ N×N similarity matrix never exists (faiss tiles its own BLAS blocks, 4096×1024
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Iterator
 
 import numpy as np
@@ -51,7 +53,30 @@ def default_nlist(n: int) -> int:
     return max(1, int(round(4 * math.sqrt(n))))
 
 
-def _build_index(keys: np.ndarray, index: str, *, use_gpu: bool, device_id: int,
+@dataclass
+class KnnIndex:
+    """A built faiss index over `keys` (reusable for several query sets)."""
+    index: object           # faiss index (CPU or GPU)
+    keys: np.ndarray        # [N,d] float32, what was added (for exact tie resolution)
+    exact: bool             # flat (exact) vs IVF (approximate)
+
+
+def build_index(keys: torch.Tensor, index: str = "flat", *, use_gpu: bool | None = None,
+                nprobe: int = 32, nlist: int | None = None, seed: int = 0) -> KnnIndex:
+    """faiss index over keys [N,d] (see `knn_search` for the arguments); pass the result
+    as `index=` to `knn_search` / `iter_knn` / `select(knn_index=...)` to reuse it."""
+    gpu = faiss_gpu_available() if use_gpu is None else bool(use_gpu)
+    gpu = gpu and faiss_gpu_available()
+    device_id = 0
+    if gpu:
+        device_id = keys.device.index if keys.device.type == "cuda" and keys.device.index is not None \
+            else torch.cuda.current_device()
+    keys_np = _as_numpy(keys)
+    return KnnIndex(_build_faiss(keys_np, index, use_gpu=gpu, device_id=device_id, nlist=nlist,
+                                 nprobe=nprobe, seed=seed), keys_np, exact=index == "flat")
+
+
+def _build_faiss(keys: np.ndarray, index: str, *, use_gpu: bool, device_id: int,
                  nlist: int | None, nprobe: int, seed: int):
     import faiss
     n, d = keys.shape
@@ -108,7 +133,7 @@ def _resolve_boundary_ties(sims, idx, q: np.ndarray, keys: np.ndarray, kk: int):
 
     faiss keeps an arbitrary member of a group of equal similarities that straddles
     the kk-th place (its heaps prefer higher ids). Where hit kk and hit kk+1 are equal
-    the row is recomputed by the torch brute force (stable sort); elsewhere the
+    the row is recomputed by the torch brute force (exact ties); elsewhere the
     top-kk set is unambiguous. Only rows with exact duplicates at the boundary pay."""
     amb = sims[:, kk - 1] == sims[:, kk]
     sims, idx = sims[:, :kk].contiguous(), idx[:, :kk].contiguous()
@@ -121,16 +146,19 @@ def _resolve_boundary_ties(sims, idx, q: np.ndarray, keys: np.ndarray, kk: int):
 
 def _drop_self(sims: torch.Tensor, idx: torch.Tensor, rows: torch.Tensor):
     """[B, k+1] → [B, k]: remove each row's own index; if absent, drop the last entry."""
-    is_self = idx == rows[:, None]
-    missing = ~is_self.any(1)
-    is_self[missing, -1] = True                      # exactly one entry per row to drop
-    keep = ~is_self
     b, kk = idx.shape
-    return sims[keep].view(b, kk - 1), idx[keep].view(b, kk - 1)
+    is_self = idx == rows[:, None]
+    # column to drop: the self entry (first True), else the last column
+    drop = torch.where(is_self.any(1), is_self.to(torch.uint8).argmax(1), kk - 1)
+    # gather the other k columns in order: col j for j < drop, j+1 for j ≥ drop
+    # (one gather; ~4× faster than boolean-mask indexing of the [B, k+1] arrays)
+    cols = torch.arange(kk - 1)[None, :]
+    cols = cols + (cols >= drop[:, None])
+    return sims.gather(1, cols), idx.gather(1, cols)
 
 
 def iter_knn(queries: torch.Tensor, keys: torch.Tensor, k: int, *, exclude_self: bool = False,
-             index: str = "flat", batch_size: int | None = None, use_gpu: bool | None = None,
+             index: str | KnnIndex = "flat", batch_size: int | None = None, use_gpu: bool | None = None,
              nprobe: int = 32, nlist: int | None = None, seed: int = 0
              ) -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:
     """Batched k-NN: yields (start, sims float32 [B,k], idx int64 [B,k]) in query order,
@@ -148,8 +176,8 @@ def iter_knn(queries: torch.Tensor, keys: torch.Tensor, k: int, *, exclude_self:
     batch_size = batch_size or DEFAULT_BATCH
 
     if index == "torch":
-        # full stable sort per row: exact ties, but O(B·N) memory → cap B·N at 2²⁶
-        bs = min(batch_size, max(1, 2 ** 26 // n))
+        # O(B·N) memory per batch → cap B·N at 2²⁴ (64 MB of float32 sims)
+        bs = min(batch_size, max(1, 2 ** 24 // n))
         keys = keys.to(queries.device)
         for s in range(0, q_n, bs):
             sims, idx = _torch_topk(queries[s:s + bs], keys, k,
@@ -157,20 +185,17 @@ def iter_knn(queries: torch.Tensor, keys: torch.Tensor, k: int, *, exclude_self:
             yield s, sims, idx
         return
 
-    gpu = faiss_gpu_available() if use_gpu is None else bool(use_gpu)
-    gpu = gpu and faiss_gpu_available() and kk + 1 <= GPU_MAX_K
-    dev = queries.device if queries.device.type == "cuda" else keys.device
-    device_id = (dev.index if dev.type == "cuda" and dev.index is not None
-                 else (torch.cuda.current_device() if gpu else 0))
-    keys_np = _as_numpy(keys)
-    faiss_index = _build_index(keys_np, index, use_gpu=gpu, device_id=device_id,
-                               nlist=nlist, nprobe=nprobe, seed=seed)
-    exact = index == "flat"
+    if isinstance(index, KnnIndex):
+        built = index
+    else:
+        use_gpu = use_gpu is not False and kk + 1 <= GPU_MAX_K   # faiss GPU: k ≤ 2048
+        built = build_index(keys, index, use_gpu=use_gpu, nprobe=nprobe, nlist=nlist, seed=seed)
+    keys_np, exact = built.keys, built.exact
     for s in range(0, q_n, batch_size):
         q = keys_np[s:s + batch_size] if (exclude_self and queries is keys) \
             else _as_numpy(queries[s:s + batch_size])
         # flat: one extra hit tells whether a tie straddles the k-th place
-        d_np, i_np = faiss_index.search(q, kk + 1 if exact else kk)
+        d_np, i_np = built.index.search(q, kk + 1 if exact else kk)
         sims, idx = _canonical_ties(torch.from_numpy(d_np), torch.from_numpy(i_np))
         if exact:
             sims, idx = _resolve_boundary_ties(sims, idx, q, keys_np, kk)
@@ -181,14 +206,16 @@ def iter_knn(queries: torch.Tensor, keys: torch.Tensor, k: int, *, exclude_self:
 
 
 def knn_search(queries: torch.Tensor, keys: torch.Tensor, k: int, *, exclude_self: bool = False,
-               index: str = "flat", batch_size: int | None = None, use_gpu: bool | None = None,
+               index: str | KnnIndex = "flat", batch_size: int | None = None, use_gpu: bool | None = None,
                nprobe: int = 32, nlist: int | None = None, seed: int = 0
                ) -> tuple[torch.Tensor, torch.Tensor]:
     """k most similar keys for every query.
 
     queries [Q,d], keys [N,d]: float32, L2-normalised (cosine = inner product).
     index: "flat" (exact faiss), "ivf" (faiss IVFFlat; nlist lists, default ~4·sqrt(N),
-    trained on a `seed`-ed subsample; `nprobe` lists visited per query) or "torch".
+    trained on a `seed`-ed subsample; `nprobe` lists visited per query), "torch", or
+    a `KnnIndex` from `build_index(keys, ...)` (must have been built on these keys).
+    use_gpu: None = faiss GPU index when `faiss_gpu_available()`; False = CPU index.
     IVF rows may hold fewer than k hits when the visited lists are small: missing
     entries have idx −1 and sim −inf-like (faiss' −3.4e38).
     Returns (sims float32 [Q,k], idx int64 [Q,k]) on the queries' device, each row
@@ -207,15 +234,30 @@ def knn_search(queries: torch.Tensor, keys: torch.Tensor, k: int, *, exclude_sel
 
 # ----------------------------------------------------------------------------- torch
 
-def _torch_topk(q: torch.Tensor, keys: torch.Tensor, k: int, self_offset: int | None):
-    """Brute force for one query batch: [B,N] sims, self masked by index, stable sort."""
-    s = q.float() @ keys.float().T                                   # [B, N]
+def _sims_masked(q: torch.Tensor, keys: torch.Tensor, self_offset: int | None) -> torch.Tensor:
+    """[B, N] float32 sims of a query batch; the query's own key (exclude_self) → −inf."""
+    s = q.float() @ keys.float().T
     if self_offset is not None:
         r = torch.arange(q.shape[0], device=s.device)
-        s[r, r + self_offset] = -torch.inf                           # the query itself
-    # a stable descending sort keeps equal sims in index order: ties → lower index
-    sims, idx = torch.sort(s, dim=1, descending=True, stable=True)
-    return sims[:, :k].contiguous(), idx[:, :k].contiguous()
+        s[r, r + self_offset] = -torch.inf
+    return s
+
+
+def _torch_topk(q: torch.Tensor, keys: torch.Tensor, k: int, self_offset: int | None):
+    """Brute force for one query batch, ties → lower index, in O(B·N) (no full sort).
+
+    torch.topk finds the k-th largest value v; everything > v is in, and of the
+    entries == v the lowest-indexed ones fill the remaining places (a cumsum over
+    the tie mask). The k winners are then ordered by (−sim, index)."""
+    s = _sims_masked(q, keys, self_offset)
+    v = torch.topk(s, k, dim=1, sorted=False).values.amin(1, keepdim=True)   # k-th best
+    gt, eq = s > v, s == v
+    need = k - gt.sum(1, keepdim=True, dtype=torch.int32)
+    keep = gt | (eq & (eq.cumsum(1, dtype=torch.int32) <= need))
+    idx = keep.nonzero()[:, 1].view(-1, k)                  # exactly k per row, ascending
+    sims = s.gather(1, idx)
+    o = torch.sort(sims, dim=1, descending=True, stable=True).indices
+    return sims.gather(1, o), idx.gather(1, o)
 
 
 def knn_torch(queries: torch.Tensor, keys: torch.Tensor, k: int, *, exclude_self: bool = False,
@@ -229,9 +271,11 @@ def knn_torch(queries: torch.Tensor, keys: torch.Tensor, k: int, *, exclude_self
     if exclude_self and queries.shape[0] != keys.shape[0]:
         raise ValueError("exclude_self=True needs queries == keys (same rows, same order)")
     out_s, out_i = [], []
+    keys = keys.to(queries.device)
     for s in range(0, queries.shape[0], batch_size):
-        sb, ib = _torch_topk(queries[s:s + batch_size], keys.to(queries.device), k,
-                             self_offset=s if exclude_self else None)
-        out_s.append(sb)
-        out_i.append(ib)
+        sims = _sims_masked(queries[s:s + batch_size], keys, s if exclude_self else None)
+        # a stable descending sort keeps equal sims in index order: ties → lower index
+        sims, idx = torch.sort(sims, dim=1, descending=True, stable=True)
+        out_s.append(sims[:, :k])
+        out_i.append(idx[:, :k])
     return torch.cat(out_s), torch.cat(out_i)

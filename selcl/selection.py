@@ -34,12 +34,12 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from selcl.knn import iter_knn
+from selcl.knn import KnnIndex, iter_knn
 
 VOTE_TEMPERATURE = 0.1      # weighting="exp": vote weight exp(sim / 0.1)
 Q_CLAMP = (0.01, 0.99)      # ℓ_i = −log clamp(q̂_i(ỹ_i), 0.01, 0.99)
 ROW_BATCH = 16384           # rows per batch of the vote / q̂ passes
-PAIR_CHUNK = 1 << 16        # pairs per chunk when sims are gathered row-wise
+PAIR_CHUNK = 1 << 14        # pairs per chunk when sims are gathered row-wise
 BLOCK_ELEMS = 1 << 22       # entries per similarity block of the exact |G| count
 
 
@@ -115,9 +115,10 @@ def _pair_sims(z: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tenso
     """sim(z_a[p], z_b[p]) for index vectors a, b [P], in chunks (memory O(chunk·d))."""
     dt = _exact_dtype(z.device)
     out = torch.empty(a.shape[0], dtype=dt, device=z.device)
-    for s in range(0, a.shape[0], PAIR_CHUNK):
-        za, zb = z[a[s:s + PAIR_CHUNK]].to(dt), z[b[s:s + PAIR_CHUNK]].to(dt)
-        out[s:s + PAIR_CHUNK] = (za * zb).sum(1)
+    for s in range(0, a.shape[0], PAIR_CHUNK):   # chunk sized for the L2/L3 caches
+        za = z.index_select(0, a[s:s + PAIR_CHUNK]).to(dt)
+        zb = z.index_select(0, b[s:s + PAIR_CHUNK]).to(dt)
+        out[s:s + PAIR_CHUNK] = torch.einsum("pd,pd->p", za, zb)   # no [P,d] product temp
     return out
 
 
@@ -137,25 +138,28 @@ def _sample_pairs(sizes: np.ndarray, starts: np.ndarray, m: int, rng: np.random.
 
 def select(features: torch.Tensor, noisy_labels: torch.Tensor, num_classes: int, *,
            k: int, alpha: float, beta: float, weighting: str = "uniform", seed: int = 0,
-           clean_labels: torch.Tensor | None = None, knn_index: str = "flat",
+           clean_labels: torch.Tensor | None = None, knn_index: str | KnnIndex = "flat",
            max_pairs: int = 10 ** 6, exact_pairs_max: int = 3 * 10 ** 7,
-           pair_samples: int = 2 * 10 ** 6, knn_kwargs: dict | None = None) -> Selection:
+           pair_samples: int = 10 ** 7, knn_kwargs: dict | None = None) -> Selection:
     """Sel-CL selection of confident examples T and pairs G (SPEC §5, steps 1–9).
 
     features [N,d] float32 L2-normalised z; noisy_labels [N] int64 ỹ; clean_labels [N]
     (y, evaluation only: precision/recall stats). k: K of the k-NN; alpha, beta: the
     fractiles α, β; weighting "uniform" | "exp" (votes exp(sim/0.1)); knn_index
-    "flat" | "ivf" | "torch" (see selcl.knn; knn_kwargs go to it, e.g. nprobe).
+    "flat" | "ivf" | "torch" or a prebuilt `selcl.knn.build_index(features, ...)` (see
+    selcl.knn; knn_kwargs go to it, e.g. nprobe, nlist, batch_size, use_gpu).
     max_pairs: G′ pairs used for γ (all of them if |G′| ≤ max_pairs, else a sample of
     max_pairs). |G| is counted exactly when the same-label ordered pairs number
-    ≤ exact_pairs_max, else estimated from `pair_samples` uniform same-label pairs.
+    ≤ exact_pairs_max, else estimated from ≈ `pair_samples` same-label pairs (all pairs
+    of a seeded random subset of anchor rows per class; see `_count_pairs`).
     seed seeds every sample (IVF training subsample, γ sample, |G| sample).
     """
     if weighting not in ("uniform", "exp"):
         raise ValueError(f"weighting must be 'uniform' or 'exp', not {weighting!r}")
     dev = features.device
     n, C = features.shape[0], int(num_classes)
-    z = features.float()
+    # own copy of z: pair_mask must not change if the caller reuses its feature buffer
+    z = features.detach().float().clone()
     y_noisy = noisy_labels.to(dev, torch.long)                      # ỹ
     arange = lambda a, b: torch.arange(a, b, device=dev)            # noqa: E731
 
@@ -171,7 +175,7 @@ def select(features: torch.Tensor, noisy_labels: torch.Tensor, num_classes: int,
         if weighting == "uniform":
             w = valid.to(torch.int32)
             votes = torch.zeros(idx_b.shape[0], C, dtype=torch.int32, device=dev)
-        else:   # float64 so equal vote totals compare equal more often than in float32
+        else:   # exp(sim/0.1) ∈ [e⁻¹⁰, e¹⁰]: float64 sums keep the totals exact to ~1e-15
             w = torch.exp(sims_b.to(dev, torch.float64) / VOTE_TEMPERATURE) * valid
             votes = torch.zeros(idx_b.shape[0], C, dtype=torch.float64, device=dev)
         votes.scatter_add_(1, lab, w)
@@ -234,15 +238,14 @@ def select(features: torch.Tensor, noisy_labels: torch.Tensor, num_classes: int,
              "threshold_sampled": gamma_sampled, "n_pairs_G_prime": n_gprime,
              "agreement_rate": float(agree.double().mean())}
     y = clean_labels.to(dev, torch.long) if clean_labels is not None else None
-    n_same = int((n_c.cpu().numpy().astype(np.int64) * (n_c.cpu().numpy() - 1)).sum())
-    if n_same <= exact_pairs_max:
-        n_g, n_g_clean = _count_pairs_exact(sel, perm, n_c.cpu().numpy(), start_np, y)
-        estimated = False
-    else:
-        n_g, n_g_clean = _count_pairs_sampled(sel, perm, n_c.cpu().numpy(), start_np, y,
-                                              pair_samples, np.random.default_rng([seed, 9]))
-        estimated = True
-    stats.update(n_pairs=n_g, n_pairs_estimated=estimated, n_same_label_pairs=n_same)
+    n_c_np = n_c.cpu().numpy().astype(np.int64)
+    n_same = int((n_c_np * (n_c_np - 1)).sum())                        # same-label pairs
+    estimated = n_same > exact_pairs_max
+    n_g, n_g_clean = _count_pairs(sel, perm, n_c_np, start_np, y,
+                                  row_frac=pair_samples / n_same if estimated else 1.0,
+                                  rng=np.random.default_rng([seed, 9]))
+    stats.update(n_pairs=n_g if estimated else int(n_g), n_pairs_estimated=estimated,
+                 n_same_label_pairs=n_same)
     if y is not None:
         clean = y_noisy == y
         n_t = max(int(examples.sum()), 1)
@@ -251,40 +254,38 @@ def select(features: torch.Tensor, noisy_labels: torch.Tensor, num_classes: int,
             recall_T=float((examples & clean).sum()) / max(int(clean.sum()), 1),
             precision_G=(n_g_clean / n_g) if n_g > 0 else float("nan"),
             pseudo_label_accuracy=float((y_hat == y).double().mean()))
-    sel.stats = stats
+    # plain Python scalars: JSON-loggable and loadable by torch.load(weights_only=True)
+    sel.stats = {key: (v.item() if isinstance(v, (np.generic, torch.Tensor)) else v)
+                 for key, v in stats.items()}
     return sel
 
 
-def _count_pairs_exact(sel: Selection, perm, n_c, starts, y):
-    """|G| (ordered, i ≠ j) and, with clean labels y, how many of them have y_i = y_j.
+def _count_pairs(sel: Selection, perm, n_c, starts, y, row_frac: float, rng):
+    """|G| (ordered pairs, i ≠ j) and, with clean labels y, how many have y_i = y_j.
 
-    Per class, row blocks of the class's own similarity matrix: O(BLOCK_ELEMS) memory."""
+    row_frac = 1: exact — every same-label pair, per class in row blocks of the
+    class's own similarity matrix (O(BLOCK_ELEMS) memory). row_frac < 1: per class a
+    seeded simple random sample (without replacement) of r_c = ⌈row_frac·n_c⌉ anchor
+    rows, all their same-label pairs counted and scaled by n_c / r_c — the
+    Horvitz–Thompson estimate, unbiased for |G|; precision_G is then the (consistent)
+    ratio of two such estimates. Rows of pairs, not scattered pairs, so the sample is
+    computed with matmuls: 10⁷ sampled pairs cost about 0.05 s."""
     dev = sel.features.device
-    n_g, n_clean = 0, 0
+    n_g, n_clean = 0.0, 0.0
     for c in np.flatnonzero(n_c >= 2):
         mem = perm[starts[c]:starts[c] + n_c[c]]                     # all examples ỹ = c
+        if row_frac >= 1:
+            pos = torch.arange(n_c[c], device=dev)
+        else:
+            r_c = min(int(n_c[c]), int(math.ceil(row_frac * n_c[c])))
+            pos = torch.from_numpy(np.sort(rng.choice(n_c[c], r_c, replace=False))).to(dev)
+        scale = float(n_c[c]) / len(pos)
         rows = max(1, BLOCK_ELEMS // len(mem))
-        for r in range(0, len(mem), rows):
-            ii = mem[r:r + rows]
-            in_g = sel.pair_mask(ii, mem)                             # same label: all true
-            in_g[torch.arange(len(ii), device=dev), torch.arange(r, r + len(ii), device=dev)] = False
-            n_g += int(in_g.sum())
+        for r in range(0, len(pos), rows):
+            p = pos[r:r + rows]
+            in_g = sel.pair_mask(mem[p], mem)                        # same label: all true
+            in_g[torch.arange(len(p), device=dev), p] = False         # i ≠ j
+            n_g += scale * int(in_g.sum())
             if y is not None:
-                n_clean += int((in_g & (y[ii][:, None] == y[mem][None, :])).sum())
+                n_clean += scale * int((in_g & (y[mem[p]][:, None] == y[mem][None, :])).sum())
     return n_g, n_clean
-
-
-def _count_pairs_sampled(sel: Selection, perm, n_c, starts, y, m, rng):
-    """Unbiased |G| estimate from m uniform same-label ordered pairs (i ≠ j):
-    |G| ≈ (#same-label pairs)·(fraction in G); the clean count is scaled likewise, so
-    precision_G is the (consistent) ratio estimate among the sampled G pairs."""
-    dev = sel.features.device
-    total = float((n_c.astype(np.float64) * (n_c - 1)).sum())
-    a, b = _sample_pairs(n_c, starts, m, rng)
-    a, b = (perm[torch.from_numpy(x).to(dev)] for x in (a, b))
-    in_g = (sel.examples[a] & sel.examples[b])                        # labels equal by design
-    if math.isfinite(sel.threshold):
-        in_g |= _pair_sims(sel.features, a, b) > sel.threshold
-    n_in = int(in_g.sum())
-    n_clean = int((in_g & (y[a] == y[b])).sum()) if y is not None else 0
-    return total * n_in / m, total * n_clean / m

@@ -8,6 +8,7 @@ leaving everything already produced untouched.
 from __future__ import annotations
 
 import csv
+import errno
 import io
 import os
 import sys
@@ -25,7 +26,9 @@ from selcl.data import DataError  # noqa: E402
 from selcl.device import cuda_available, get_device  # noqa: E402
 from selcl.noise import NoiseError  # noqa: E402
 
-EXIT_BAD_INPUT = 2
+EXIT_BAD_INPUT = 2   # bad params / missing or corrupt input / full disk: one line on stderr
+EXIT_OOM = 3         # CUDA out of memory: the line names the batch size to lower
+BATCH_SIZE_SECTIONS = ("warmup", "pretrain", "finetune", "baseline")   # stage = its params section
 
 
 class StageError(RuntimeError):
@@ -48,7 +51,7 @@ def require_device(cfg: dict) -> torch.device:
     if cfg["model"]["arch"] != "small" and not cuda_available() \
             and os.environ.get("SELCL_ALLOW_CPU", "") not in ("1", "true", "yes"):
         raise StageError(
-            f"settings.{cfg['name']}: model.arch={cfg['model']['arch']} is the paper suite and needs a "
+            f"settings.{cfg['name']}.model.arch = {cfg['model']['arch']!r} is the paper suite and needs a "
             f"CUDA GPU, and none is visible. Run the CPU demo instead with `make demo` "
             f"(or `dvc exp run -S 'run=[demo_sym40,demo_asym40]'`); set SELCL_ALLOW_CPU=1 to run it on "
             f"the CPU anyway.")
@@ -72,17 +75,35 @@ def write_history(path: Path, rows: list[dict]) -> None:
     atomic_write_text(path, buf.getvalue())
 
 
+def _one_line(text: str) -> str:
+    """Messages may embed multi-line library errors; the contract is one line."""
+    return " ".join(str(text).split())
+
+
 def main(fn) -> None:
-    """Run `fn(setting_name)`; turn known failures into one line and exit code 2."""
+    """Run `fn(setting_name)`; turn known failures into one line on stderr and exit
+    code 2 (bad input, missing/corrupt file, full disk) or 3 (CUDA out of memory).
+    Nothing already produced is touched: every output is written atomically."""
     try:
         fn(setting_from_argv())
     except (ConfigError, DataError, NoiseError, CheckpointError, StageError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {_one_line(exc)}", file=sys.stderr)
         sys.exit(EXIT_BAD_INPUT)
     except torch.cuda.OutOfMemoryError:
         stage = Path(sys.argv[0]).stem
-        section = {"finetune": "finetune", "baseline": "baseline", "warmup": "warmup"}.get(stage, "pretrain")
-        print(f"error: CUDA out of memory in stage {stage}: lower "
-              f"`settings.{sys.argv[1] if len(sys.argv) > 1 else '<setting>'}.{section}.batch_size` "
-              f"in params.yaml (or free the GPU)", file=sys.stderr)
-        sys.exit(3)
+        name = sys.argv[1] if len(sys.argv) > 1 else "<setting>"
+        if stage in BATCH_SIZE_SECTIONS:
+            fix = f"lower `settings.{name}.{stage}.batch_size` in params.yaml (or free the GPU)"
+        else:   # e.g. evaluate embeds in fixed chunks: no parameter of its own to lower
+            fix = "free GPU memory (other processes on the GPU) and rerun"
+        print(f"error: CUDA out of memory in stage {stage}: {fix}", file=sys.stderr)
+        sys.exit(EXIT_OOM)
+    except OSError as exc:
+        if exc.errno not in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)):
+            raise
+        # A full disk while writing an output: the temp file is gone and the previous
+        # output (checkpoint) is intact, so the stage can simply be rerun.
+        where = f" writing {exc.filename}" if exc.filename else ""
+        print(f"error: no space left on device{where} ({os.strerror(exc.errno)}): free disk space and "
+              f"rerun; earlier outputs and checkpoints are intact", file=sys.stderr)
+        sys.exit(EXIT_BAD_INPUT)

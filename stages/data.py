@@ -1,18 +1,25 @@
 """Stage `data@<setting>`: decode the setting's dataset once into runs/<setting>/data.npz.
 
 Later stages read the uint8 arrays and never decode again."""
+import os
+
 from common import load, main, require_device, run_dir
 
 from selcl.checkpoint import write_json
-from selcl.data import load_dataset, save_arrays, sha256_file
+from selcl.data import DataError, load_dataset, save_arrays, sha256_file
 
 
 def run(name: str) -> None:
     cfg = load(name)
     require_device(cfg)
     dc = cfg["data"]
-    data = load_dataset(dc["dataset"], root=dc["root"], path=dc["path"], subset=dc["subset"],
-                        seed=dc["seed"], download=dc["download"])
+    try:
+        data = load_dataset(dc["dataset"], root=dc["root"], path=dc["path"], subset=dc["subset"],
+                            seed=dc["seed"], download=dc["download"])
+    except DataError as exc:
+        # Name the key to fix: the imagefolder archive is `data.path`, CIFAR lives under `data.root`.
+        key = "path" if dc["dataset"] == "imagefolder" else "root"
+        raise DataError(f"settings.{name}.data.{key} = {dc[key]!r}: {exc}") from None
     out = run_dir(name)
     save_arrays(data, out / "data.npz")
     meta = {"dataset": dc["dataset"], "n_train": int(len(data.y_train)), "n_test": int(len(data.y_test)),
@@ -20,7 +27,7 @@ def run(name: str) -> None:
             "image_shape": list(data.x_train.shape[1:]), "mean": list(map(float, data.mean)),
             "std": list(map(float, data.std))}
     if dc["path"]:
-        meta["source_sha256"] = sha256_file(dc["path"]) if not __import__("os").path.isdir(dc["path"]) else "folder"
+        meta["source_sha256"] = "folder" if os.path.isdir(dc["path"]) else sha256_file(dc["path"])
     write_json(out / "data.json", meta)
     print(f"[data] {name}: {meta['n_train']} train / {meta['n_test']} test images, "
           f"{meta['num_classes']} classes, shape {meta['image_shape']}")

@@ -3,6 +3,7 @@
 from common import load, main, require_device, run_dir, write_history
 
 from selcl import checkpoint
+from selcl.device import describe
 from selcl.train import TrainData, pretrain
 
 
@@ -16,12 +17,15 @@ def run(name: str) -> None:
                                 checkpoint.file_digest(out / "warmup.pt"))
     ckpt = checkpoint.Checkpointer(out / "ckpt" / "pretrain.pt", fp, cfg["pretrain"]["checkpoint_every"])
     state = pretrain(cfg, data, warm, device, ckpt)
+    timing = state.pop("timing")
     checkpoint.save(state, out / "pretrain.pt")
+    write_history(out / "pretrain_timing.csv", timing)   # wall-clock, not reproducible
     write_history(out / "pretrain_history.csv", state["history"])
     last = state["history"][-1]
     metrics = {k: last[k] for k in ("n_selected", "n_per_class", "threshold", "n_pairs", "precision_T",
                                     "recall_T", "precision_G", "pseudo_label_accuracy", "knn_top1")
                if k in last}
+    metrics["env"] = describe(device)
     checkpoint.write_json(out / "pretrain.json", metrics)
 
 

@@ -61,8 +61,14 @@ def test_normalize_matches_reference():
     out = A.normalize(x, CIFAR_MEAN, CIFAR_STD)
     assert out.dtype == torch.float32
     torch.testing.assert_close(out.double(), ref, atol=1e-6, rtol=0)
-    # float input in [0,1] is taken as already scaled
-    torch.testing.assert_close(A.normalize(x.float() / 255, CIFAR_MEAN, CIFAR_STD), out)
+    # float input in [0,1] is taken as already scaled, and is not modified
+    xf = x.float() / 255
+    xf0 = xf.clone()
+    torch.testing.assert_close(A.normalize(xf, CIFAR_MEAN, CIFAR_STD), out)
+    assert torch.equal(xf, xf0)
+    xf = x.float() / 255
+    A.strong_augment(xf, gen(0), CIFAR_MEAN, CIFAR_STD)
+    assert torch.equal(xf, xf0)
 
 
 # ---------------------------------------------------------------------------
@@ -404,3 +410,12 @@ def test_cuda_matches_cpu_and_never_syncs():
     finally:
         torch.cuda.set_sync_debug_mode(0)
     assert s.is_cuda and w.is_cuda and torch.isfinite(s).all()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (compiling on CPU is slow)")
+def test_compiled_matches_eager_cuda():
+    x = rand_u8((32, 3, 32, 32), seed=33).cuda()
+    a = A.strong_augment(x, gen(34, "cuda"), CIFAR_MEAN, CIFAR_STD)
+    b = A.strong_augment(x, gen(34, "cuda"), CIFAR_MEAN, CIFAR_STD, compiled=True)
+    torch.testing.assert_close(a, b, atol=5e-4, rtol=0)

@@ -142,3 +142,15 @@ def test_results_on_queries_device_cuda():
         s, i = knn_search(z.cuda(), z.cuda(), 12, exclude_self=True, index=index)
         assert s.is_cuda and i.is_cuda
         assert torch.equal(i.cpu(), i_cpu) and torch.allclose(s.cpu(), s_cpu, atol=1e-5)
+
+
+def test_prebuilt_index_is_reusable():
+    from selcl.knn import build_index
+    z = clustered(3000, 16, seed=4)
+    for kind, kw in (("flat", {}), ("ivf", dict(nlist=30, nprobe=5, seed=2))):
+        built = build_index(z, kind, **kw)
+        a = knn_search(z, z, 20, exclude_self=True, index=built)
+        b = knn_search(z, z, 20, exclude_self=True, index=kind, **kw)
+        c = knn_search(z[:100], z, 20, index=built)
+        assert torch.equal(a[1], b[1]) and torch.equal(a[0], b[0])
+        assert torch.equal(c[1][:, 1:], a[1][:100, :19])        # row 0 of c: the query itself

@@ -1,0 +1,116 @@
+"""One Sel-CL pre-training step against one plain cross-entropy step (issue: target ≤ 6.5×).
+
+Same network, batch size and device. The Sel-CL step does ~6 network passes (online on
+two mixed views, EMA on two views, the classifier batch's two views) plus the selective
+contrastive loss over batch + memory and L_SIM; the CE step does one weakly augmented
+pass. Both include their augmentation and the optimiser step.
+
+    python bench/step.py                 # PreAct ResNet-18, batch 128, CIFAR-sized data
+    python bench/step.py --arch small --batch 64 --iters 5
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from selcl.config import load_params, resolve  # noqa: E402
+from selcl.device import autocast, describe, get_device, synchronize  # noqa: E402
+from selcl.pairs import pair_rule  # noqa: E402
+from selcl.selection import select  # noqa: E402
+from selcl.train import TrainData, _views, make_model, make_pretrainer, sgd  # noqa: E402
+
+
+def fake_data(n: int, num_classes: int, size: int, device) -> TrainData:
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(0, 256, (n, 3, size, size), generator=g, dtype=torch.uint8)
+    y = torch.randint(0, num_classes, (n,), generator=g)
+    noisy = torch.where(torch.rand(n, generator=g) < 0.2, torch.randint(0, num_classes, (n,), generator=g), y)
+    return TrainData(x=x.to(device), noisy=noisy.to(device), clean=y.to(device), x_test=x[:256].to(device),
+                     y_test=y[:256].to(device), mean=(0.5, 0.5, 0.5), std=(0.25, 0.25, 0.25),
+                     num_classes=num_classes)
+
+
+def timed(fn, iters: int, device) -> float:
+    fn()                                  # warm-up (cuDNN autotune, allocator)
+    synchronize(device)
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    synchronize(device)
+    return (time.perf_counter() - t0) / iters
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--arch", default="preact_resnet18")
+    ap.add_argument("--batch", type=int, default=128)
+    ap.add_argument("--iters", type=int, default=3)
+    ap.add_argument("--n", type=int, default=4096, help="training-set size (memory is filled from it)")
+    ap.add_argument("--classes", type=int, default=10)
+    ap.add_argument("--size", type=int, default=32)
+    ap.add_argument("--out", default=None, help="also write the table to this file")
+    args = ap.parse_args()
+
+    device = get_device()
+    cfg = resolve(load_params(ROOT / "params.yaml"), "cifar10_sym20")
+    cfg["model"]["arch"] = args.arch
+    if args.arch == "small":
+        cfg["model"].update(width=16, blocks=[1, 1, 1, 1])
+    cfg["pretrain"]["batch_size"] = args.batch
+    data = fake_data(args.n, args.classes, args.size, device)
+
+    # Sel-CL step, with a full memory (read from epoch 4 on) and a real selection.
+    tr = make_pretrainer(cfg, args.classes, device)
+    z = F.normalize(torch.randn(args.n, cfg["model"]["proj_dim"], device=device), dim=1)
+    sel = select(z, data.noisy, args.classes, k=min(250, args.n - 1), alpha=0.5, beta=0.25)
+    rule = pair_rule(sel, data.noisy, data.clean, selected_sets="T_G1_G2")
+    T_idx = rule.examples.nonzero().squeeze(1)
+    gen = torch.Generator(device=device).manual_seed(0)
+    batch = lambda: torch.randint(0, args.n, (args.batch,), generator=gen, device=device)  # noqa: E731
+    while len(tr.memory.ids) < tr.memory.size:          # fill the memory as in steady state
+        tr.step(data, batch(), rule, T_idx, use_memory=True)
+    t_sel = timed(lambda: tr.step(data, batch(), rule, T_idx, use_memory=True), args.iters, device)
+
+    # Plain CE step: same network, batch, device; weak augmentation, one pass.
+    model = make_model(cfg["model"], args.classes, device)
+    opt = sgd(model, cfg["baseline"])
+
+    def ce_step():
+        idx = batch()
+        v = _views(data.x[idx], gen, data, strong=False)
+        with autocast(device):
+            _, logits = model(v)
+        loss = F.cross_entropy(logits.float(), data.noisy[idx])
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+    model.train()
+    t_ce = timed(ce_step, args.iters, device)
+
+    info = describe(device)
+    ratio = t_sel / t_ce
+    table = "\n".join([
+        f"# Pre-training step vs cross-entropy step ({info.get('gpu', info['device'])}, torch {info['torch']})",
+        "",
+        f"arch {args.arch}, batch {args.batch}, images {args.size}px, memory {tr.memory.size}, "
+        f"{args.iters} timed iterations after one warm-up",
+        "",
+        "| step | time (ms) |", "|---|---|",
+        f"| Sel-CL pre-training step | {t_sel * 1e3:.1f} |",
+        f"| plain CE step | {t_ce * 1e3:.1f} |",
+        f"| **ratio** | **{ratio:.2f}×** (target ≤ 6.5×) |", ""])
+    print(table)
+    if args.out:
+        Path(args.out).write_text(table)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,136 @@
+"""Shared fixtures of the reliability tests (bad inputs, resume after kill -9, faults).
+
+A *tiny* digits setting (20 images per class, width-8 one-stage network, a few short
+epochs) runs every stage in about a second, so the tests can drive the real stage
+scripts: in-process through `common.main` (fast) or as subprocesses (kill -9).
+"""
+from __future__ import annotations
+
+import copy
+import hashlib
+import importlib.util
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+STAGES = ROOT / "stages"
+PYTHON = sys.executable
+for p in (str(ROOT), str(STAGES)):          # `selcl` and the stages' `common`
+    if p not in sys.path:
+        sys.path.append(p)
+
+SETTING = "tiny"
+
+# Overrides of the repo's `defaults` (read from the real params.yaml, so the tests
+# follow the committed defaults): every stage of this setting takes ~1 s on a CPU.
+TINY = {
+    "data": {"dataset": "digits", "subset": 20},                  # 200 training images
+    "noise": {"kind": "sym", "rate": 0.4},
+    "model": {"arch": "small", "width": 8, "blocks": [1]},
+    "warmup": {"batch_size": 32, "queue_size": 64},
+    "pretrain": {"epochs": 4, "batch_size": 32, "lr_warmup_epochs": 1, "lr_decay_epochs": [3],
+                 "k": 10, "queue_per_class": 4, "memory_start_epoch": 2, "checkpoint_every": 1},
+    "finetune": {"epochs": 2, "batch_size": 32, "bootstrap_start": 1, "eval_last": 1,
+                 "checkpoint_every": 1},
+    "evaluate": {"k": 10, "tsne_points": 0},
+    "baseline": {"epochs": 2, "batch_size": 32, "lr_decay_epochs": [1], "eval_last": 1,
+                 "checkpoint_every": 1},
+}
+
+
+def repo_params() -> dict:
+    return yaml.safe_load((ROOT / "params.yaml").read_text())
+
+
+def tiny_params_dict(**overrides) -> dict:
+    """A complete params.yaml (repo defaults + the tiny setting) as a dict;
+    `overrides` = {section: {key: value}} on top of the tiny setting."""
+    setting = copy.deepcopy(TINY)
+    for section, values in overrides.items():
+        setting[section].update(values)
+    return {"run": [SETTING], "suites": {"tiny": [SETTING]},
+            "defaults": copy.deepcopy(repo_params()["defaults"]), "settings": {SETTING: setting}}
+
+
+def write_params(folder: Path, params: dict) -> Path:
+    path = Path(folder) / "params.yaml"
+    path.write_text(yaml.safe_dump(params, sort_keys=False))
+    return path
+
+
+@pytest.fixture
+def tiny_params(tmp_path):
+    """tmp_path holding params.yaml for the tiny digits setting; returns the folder."""
+    write_params(tmp_path, tiny_params_dict())
+    return tmp_path
+
+
+def load_stage(stage: str):
+    """Import stages/<stage>.py as module `stage_<stage>` (its `from common import`
+    works because stages/ is on sys.path)."""
+    name = f"stage_{stage}"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, STAGES / f"{stage}.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def run_stage_inprocess(monkeypatch, folder: Path, stage: str, setting: str = SETTING) -> None:
+    """`python stages/<stage>.py <setting>` with cwd=folder, in this process
+    (common.main: may raise SystemExit)."""
+    mod = load_stage(stage)
+    monkeypatch.setenv("SELCL_DEVICE", "cpu")      # exact float32 results also on a CUDA host
+    monkeypatch.chdir(folder)
+    monkeypatch.setattr(sys, "argv", [str(STAGES / f"{stage}.py"), setting])
+    mod.main(mod.run)
+
+
+def stage_env(**extra) -> dict:
+    """Environment of a stage subprocess: CPU, one thread (deterministic, and fair to
+    the other tests sharing 2 cores), no progress bars."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", TQDM_DISABLE="1",
+               PYTHONHASHSEED="0", SELCL_DEVICE="cpu", CUDA_VISIBLE_DEVICES="")
+    env.pop("SELCL_ALLOW_CPU", None)
+    env.update(extra)
+    return env
+
+
+def tree_digest(folder: Path) -> dict[str, str]:
+    """{relative path: sha256} of every file under `folder`."""
+    folder = Path(folder)
+    if not folder.exists():
+        return {}
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="session")
+def tiny_upstream(tmp_path_factory):
+    """Real outputs of data → noise → warmup for the tiny setting, made once per session:
+    the folder (with params.yaml and runs/tiny/...). Copy it with `copy_upstream`."""
+    import torch
+    folder = tmp_path_factory.mktemp("upstream")
+    write_params(folder, tiny_params_dict())
+    mp = pytest.MonkeyPatch()
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        for stage in ("data", "noise", "warmup"):
+            run_stage_inprocess(mp, folder, stage)
+    finally:
+        torch.set_num_threads(threads)
+        mp.undo()
+    return folder
+
+
+def copy_upstream(src: Path, dst: Path) -> None:
+    """Copy the runs/ of `tiny_upstream` into dst (params.yaml is written by the caller)."""
+    shutil.copytree(Path(src) / "runs", Path(dst) / "runs", dirs_exist_ok=True)
