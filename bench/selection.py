@@ -15,6 +15,9 @@ built on the same N vectors and searched for all N queries with k = K+1 in one c
 faiss.omp_set_num_threads / torch.set_num_threads, alternating, `repeats` times each;
 the minimum of each is reported (the least disturbed by other load on the machine).
 
+Also timed: `Selection.pair_mask` for 256 anchors × 20,000 memory entries (the
+per-training-step call).
+
 Peak memory beyond the features: each measured call runs in a fresh child process
 that loads the features (np.load → torch.from_numpy, no copy), imports everything,
 reads its resident set size (RSS, /proc via psutil) and then runs the call once;
@@ -124,6 +127,16 @@ def child(args) -> None:
             run_select(z, noisy, y, args)
             t_select.append(time.perf_counter() - t0)
         out.update(t_search=t_search, t_select=t_select)
+        # the per-step cost in training: 256 anchors against a 20,000-entry memory
+        g = torch.Generator().manual_seed(0)
+        i = torch.randint(0, len(z), (256,), generator=g)
+        j = torch.randint(0, len(z), (20_000,), generator=g)
+        t_mask = []
+        for _ in range(20):
+            t0 = time.perf_counter()
+            sel.pair_mask(i, j)
+            t_mask.append(time.perf_counter() - t0)
+        out["t_pair_mask"] = sorted(t_mask)[len(t_mask) // 2]
     print("RESULT " + json.dumps(out))
 
 
@@ -186,6 +199,8 @@ def main() -> None:
         f"| ratio select / search | {tl / ts:.2f} | ≤ 1.5 |",
         f"| peak extra memory, select (MB) | {r['peak_extra'] / mb:.0f} | < 1024 |",
         f"| peak extra memory, bare search (MB) | {mem_search / mb:.0f} | |",
+        f"| pair_mask, 256 anchors × 20,000 memory entries (ms, median of 20) | "
+        f"{r['t_pair_mask'] * 1e3:.1f} | |",
         "",
         f"all runs (s): search {[round(t, 2) for t in r['t_search']]}, "
         f"select {[round(t, 2) for t in r['t_select']]}",

@@ -41,12 +41,14 @@ import io
 import os
 import pickle
 import tarfile
-import tempfile
+import zipfile
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from .atomic import atomic_path
 
 DATASETS = ("digits", "cifar10", "cifar100", "imagefolder")
 
@@ -467,24 +469,24 @@ def save_arrays(data: ImageData, path) -> None:
                   name=np.asarray(data.name, dtype=str))
     if data.coarse_train is not None:
         arrays["coarse_train"] = data.coarse_train
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
+    with atomic_path(path) as tmp:
+        with open(tmp, "wb") as f:
             np.savez(f, **arrays)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 def load_arrays(path) -> ImageData:
-    """Read an .npz written by save_arrays."""
+    """Read an .npz written by save_arrays (a corrupt file → DataError naming it)."""
     path = Path(path)
     if not path.exists():
         raise DataError(f"array file {path} does not exist")
+    try:
+        return _load_arrays(path)
+    except (OSError, ValueError, KeyError, zipfile.BadZipFile) as exc:
+        raise DataError(f"{path}: corrupt array file ({type(exc).__name__}); delete it and rerun "
+                        f"the data stage") from None
+
+
+def _load_arrays(path: Path) -> ImageData:
     with np.load(path, allow_pickle=False) as z:
         return ImageData(
             x_train=z["x_train"], y_train=z["y_train"].astype(np.int64),

@@ -20,7 +20,14 @@ Steps (numbers as in SPEC §5), all batched so nothing N×N ever exists:
  8. G = G′ ∪ G″ ∪ {(i,i)},  G″ = {(i,j): ỹ_i=ỹ_j, sim > γ}; never different labels.
     Never materialised: `Selection.pair_mask` rebuilds any block of it from ỹ, T and
     the stored embeddings with one matmul.
- 9. stats: |T|, n_sel, γ, |G|, and with clean labels precisions / recall.
+ 9. stats: |T|, n_sel, γ, |G| counted as ordered pairs with i ≠ j (exact when there
+    are ≤ exact_pairs_max same-label pairs, else a seeded Horvitz–Thompson estimate;
+    key `n_pairs_estimated` says which), and with clean labels y: precision_T,
+    recall_T, precision_G (pairs i ≠ j of G with y_i = y_j), pseudo_label_accuracy.
+
+Where SPEC is silent: {m_c} runs over all `num_classes` classes (a class nobody is
+labelled with has m_c = 0); IVF rows with missing hits (id −1) vote and count with the
+hits they have (q̂ divides by their number).
 
 Similarities that decide membership of G (γ, pair_mask, |G|) are computed with autocast
 off, in float32 on CPU and float64 on CUDA (immune to TF32 flags the training loop may

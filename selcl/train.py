@@ -66,8 +66,13 @@ class TrainData:
         if not labels_path.exists():
             raise CheckpointError(f"{labels_path}: not found (run the noise stage first)")
         arrays = load_arrays(Path(run_dir) / "data.npz")
-        with np.load(labels_path) as f:
-            labels = {k: f[k] for k in f.files}
+        try:
+            with np.load(labels_path) as f:
+                labels = {k: f[k] for k in f.files}
+            labels["noisy"], labels["clean"], labels["num_classes"]  # noqa: B018 - all present
+        except Exception as exc:  # noqa: BLE001 - any failure to read means corrupt
+            raise CheckpointError(f"{labels_path}: corrupt labels file ({type(exc).__name__}); "
+                                  f"delete it and rerun the noise stage") from None
         d = {"x_train": arrays.x_train, "y_train": arrays.y_train, "x_test": arrays.x_test,
              "y_test": arrays.y_test, "mean": arrays.mean, "std": arrays.std}
         return cls.build(d, labels, device)
@@ -371,7 +376,8 @@ def pretrain(cfg: dict, data: TrainData, warm: dict, device, ckpt: Checkpointer)
                                     k=min(cfg["evaluate"]["k"], data.n), sigma=cfg["evaluate"]["sigma"])
         row["knn_top1"] = knn["top1"]
         history.append(row)
-        # wall-clock seconds, kept apart from the (bit-reproducible) history
+        # wall-clock seconds, kept apart from the (bit-reproducible) history and out of
+        # the checkpoint (after a resume it lists the epochs run since)
         timing.append({"epoch": epoch, "train_s": t1 - t0, "select_s": t2 - t1,
                        "knn_s": time.perf_counter() - t2})
         bar.set_postfix(loss=f"{row['loss']:.3f}", T=int(row.get("n_selected", 0)),

@@ -1,6 +1,6 @@
 """Stage `baseline@<setting>`: cross-entropy on the noisy labels, same network and
 weak augmentation → runs/<setting>/baseline.json, baseline_history.csv."""
-from common import load, main, require_device, run_dir, write_history
+from common import check_sizes, load, main, require_device, run_dir, write_history
 
 from selcl import checkpoint
 from selcl.train import TrainData, baseline, summarise
@@ -17,6 +17,7 @@ def run(name: str) -> None:
         print(f"[baseline] {name}: disabled")
         return
     data = TrainData.load(out, device)
+    check_sizes(cfg, data.n, ("baseline",))
     fp = checkpoint.fingerprint("baseline", cfg["model"], cfg["baseline"], checkpoint.file_digest(out / "labels.npz"))
     ckpt = checkpoint.Checkpointer(out / "ckpt" / "baseline.pt", fp, cfg["baseline"]["checkpoint_every"])
     state = baseline(cfg, data, device, ckpt)

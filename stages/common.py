@@ -107,3 +107,16 @@ def main(fn) -> None:
         print(f"error: no space left on device{where} ({os.strerror(exc.errno)}): free disk space and "
               f"rerun; earlier outputs and checkpoints are intact", file=sys.stderr)
         sys.exit(EXIT_BAD_INPUT)
+
+
+def check_sizes(cfg: dict, n_train: int, sections=("warmup", "pretrain", "finetune", "baseline")) -> None:
+    """Batch sizes and K must fit the training set: say which key, before any work."""
+    name = cfg["name"]
+    for section in sections:
+        bs = cfg[section]["batch_size"]
+        if bs > n_train:
+            raise StageError(f"settings.{name}.{section}.batch_size = {bs}: larger than the "
+                             f"{n_train} training images")
+    if "pretrain" in sections and cfg["pretrain"]["k"] >= n_train:
+        raise StageError(f"settings.{name}.pretrain.k = {cfg['pretrain']['k']}: must be smaller than "
+                         f"the {n_train} training images")

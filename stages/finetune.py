@@ -1,6 +1,6 @@
 """Stage `finetune@<setting>`: Sel-CL+ fine-tuning on the final T (SPEC §7)
 → runs/<setting>/finetune.pt, finetune_history.csv (plots), finetune.json (metrics)."""
-from common import load, main, require_device, run_dir, write_history
+from common import StageError, load, main, require_device, run_dir, write_history
 
 from selcl import checkpoint
 from selcl.train import TrainData, finetune, summarise
@@ -12,6 +12,12 @@ def run(name: str) -> None:
     out = run_dir(name)
     data = TrainData.load(out, device)
     pre = checkpoint.load(out / "pretrain.pt", what="pre-training output")
+    if "examples" not in pre:
+        raise StageError(f"{out / 'pretrain.pt'}: not a pre-training output (no selection); rerun pretrain")
+    n_T = int(pre["examples"].sum())
+    if n_T == 0:
+        raise StageError(f"settings.{name}.pretrain.alpha = {cfg['pretrain']['alpha']}: the final "
+                         f"selection T is empty, nothing to fine-tune on (lower alpha or k)")
     fp = checkpoint.fingerprint("finetune", cfg["model"], cfg["finetune"], checkpoint.file_digest(out / "pretrain.pt"))
     ckpt = checkpoint.Checkpointer(out / "ckpt" / "finetune.pt", fp, cfg["finetune"]["checkpoint_every"])
     state = finetune(cfg, data, pre, device, ckpt)

@@ -1,6 +1,6 @@
 """Stage `pretrain@<setting>`: Sel-CL pre-training with per-epoch selection (SPEC §5, §6)
 → runs/<setting>/pretrain.pt, pretrain_history.csv (plots), pretrain.json (metrics)."""
-from common import load, main, require_device, run_dir, write_history
+from common import check_sizes, load, main, require_device, run_dir, write_history
 
 from selcl import checkpoint
 from selcl.device import describe
@@ -12,6 +12,7 @@ def run(name: str) -> None:
     device = require_device(cfg)
     out = run_dir(name)
     data = TrainData.load(out, device)
+    check_sizes(cfg, data.n, ("pretrain",))
     warm = checkpoint.load(out / "warmup.pt", what="warm-up output")
     fp = checkpoint.fingerprint("pretrain", cfg["model"], cfg["warmup"], cfg["pretrain"], cfg["evaluate"],
                                 checkpoint.file_digest(out / "warmup.pt"))

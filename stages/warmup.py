@@ -1,5 +1,5 @@
 """Stage `warmup@<setting>`: Uns-CL warm-up (SPEC §4) → runs/<setting>/warmup.pt."""
-from common import load, main, require_device, run_dir, write_history
+from common import check_sizes, load, main, require_device, run_dir, write_history
 
 from selcl import checkpoint
 from selcl.train import TrainData, warmup
@@ -10,6 +10,7 @@ def run(name: str) -> None:
     device = require_device(cfg)
     out = run_dir(name)
     data = TrainData.load(out, device)
+    check_sizes(cfg, data.n, ("warmup",))
     fp = checkpoint.fingerprint("warmup", cfg["model"], cfg["warmup"], checkpoint.file_digest(out / "labels.npz"))
     ckpt = checkpoint.Checkpointer(out / "ckpt" / "warmup.pt", fp, cfg["warmup"]["checkpoint_every"])
     state = warmup(cfg, data, device, ckpt)

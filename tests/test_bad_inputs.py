@@ -163,8 +163,6 @@ class Case:
     marks: tuple = ()
 
 
-TRAIN_PY = "defect in selcl/train.py (not this suite's file): see the reliability report"
-
 CASES = [
     # --- ranges
     Case("alpha_gt_1", "pretrain", (f"{S}.pretrain.alpha", "[0, 1]"), setv(f"{S}.pretrain.alpha", 1.5)),
@@ -272,18 +270,16 @@ CASES = [
     Case("corrupt_data_arrays_noise", "noise", (f"{RUN}/data.npz", "corrupt"),
          write_file(f"{RUN}/data.npz", truncated(f"{RUN}/data.npz"))),
     Case("corrupt_data_arrays_warmup", "warmup", (f"{RUN}/data.npz",),
-         write_file(f"{RUN}/data.npz", truncated(f"{RUN}/data.npz")),
-         marks=(pytest.mark.xfail(strict=True, reason=TRAIN_PY),)),
+         write_file(f"{RUN}/data.npz", truncated(f"{RUN}/data.npz"))),
     Case("corrupt_labels_warmup", "warmup", (f"{RUN}/labels.npz",),
-         write_file(f"{RUN}/labels.npz", b"garbage"), marks=(pytest.mark.xfail(strict=True, reason=TRAIN_PY),)),
+         write_file(f"{RUN}/labels.npz", b"garbage")),
     # --- limits known only once the data are there (n = 200 training images)
     Case("pretrain_batch_larger_than_dataset", "pretrain", (f"{S}.pretrain.batch_size",),
-         setv(f"{S}.pretrain.batch_size", 256), marks=(pytest.mark.xfail(strict=True, reason=TRAIN_PY),)),
+         setv(f"{S}.pretrain.batch_size", 256)),
     Case("pretrain_k_not_below_dataset", "pretrain", (f"{S}.pretrain.k",),
-         setv(f"{S}.pretrain.k", 500), marks=(pytest.mark.xfail(strict=True, reason=TRAIN_PY),)),
+         setv(f"{S}.pretrain.k", 500)),
     Case("finetune_on_empty_selection", "finetune", ("empty",),
-         write_file(f"{RUN}/pretrain.pt", lambda f: _pretrain_output_with_empty_T()),
-         marks=(pytest.mark.xfail(strict=True, reason=TRAIN_PY),)),
+         write_file(f"{RUN}/pretrain.pt", lambda f: _pretrain_output_with_empty_T())),
     # --- machine
     Case("paper_arch_on_cpu", "warmup", (f"{S}.model.arch", "CUDA", "make demo", "SELCL_ALLOW_CPU"),
          setv(f"{S}.model.arch", "preact_resnet18"), patch=no_cuda),

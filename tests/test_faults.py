@@ -44,7 +44,7 @@ def _oom(*args, **kwargs):
 def test_cuda_oom_names_the_batch_size(stage, tiny_upstream, tiny_params, tmp_path, monkeypatch, capsys):
     """OOM from the training call: exit 3, one line naming settings.<s>.<stage>.batch_size."""
     copy_upstream(tiny_upstream, tmp_path)
-    checkpoint.save({"model": {}}, tmp_path / RUN / "pretrain.pt")       # finetune's input
+    checkpoint.save({"model": {}, "examples": torch.ones(4, dtype=torch.bool)}, tmp_path / RUN / "pretrain.pt")       # finetune's input
     monkeypatch.setattr(load_stage(stage), stage, _oom)                  # e.g. stages/pretrain.py: pretrain()
     capsys.readouterr()
     with pytest.raises(SystemExit) as exit_info:
@@ -61,7 +61,7 @@ def test_cuda_oom_in_evaluate_gives_no_wrong_advice(tiny_upstream, tiny_params, 
     """evaluate has no batch size of its own: lowering pre-training's would rerun
     pre-training and change nothing, so the line must not suggest it."""
     copy_upstream(tiny_upstream, tmp_path)
-    checkpoint.save({"model": {}}, tmp_path / RUN / "pretrain.pt")
+    checkpoint.save({"model": {}, "examples": torch.ones(4, dtype=torch.bool)}, tmp_path / RUN / "pretrain.pt")
     monkeypatch.setattr(load_stage("evaluate"), "knn_report", _oom)
     capsys.readouterr()
     with pytest.raises(SystemExit) as exit_info:

@@ -21,7 +21,11 @@ def make_case(name):
     """(z float32 [N,d], noisy ỹ, clean y, C). Small N so the reference can loop."""
     g = torch.Generator().manual_seed(sum(map(ord, name)))
     rng = np.random.default_rng(sum(map(ord, name)))
-    if name == "grid":       # entries ±½ in d=4: every sim is exact → ties everywhere
+    if name == "large_k":    # K = 150 > 1/0.01: the clamp of q̂ to [0.01, 0.99] merges ℓ values
+        n, C, d = 400, 2, 8
+        y = torch.randint(0, C, (n,), generator=g)
+        z = unit(4 * torch.randn(C, d, generator=g)[y] + torch.randn(n, d, generator=g))
+    elif name == "grid":     # entries ±½ in d=4: every sim is exact → ties everywhere
         n, C = 160, 4
         z = torch.from_numpy((rng.integers(0, 2, (n, 4)) * 2 - 1).astype(np.float32) * 0.5)
         y = torch.from_numpy(rng.integers(0, C, n))
@@ -42,7 +46,8 @@ def make_case(name):
     return z, noisy, y, C
 
 
-CASES = ["clustered", "duplicates", "imbalanced", "grid"]
+CASES = ["clustered", "duplicates", "imbalanced", "grid", "large_k"]
+K_OF = {"large_k": 150}     # k of the k-NN per case (default 12)
 
 
 # --------------------------------------------------------------------------- reference
@@ -126,15 +131,21 @@ def check_against_reference(sel, ref, name, atol=1e-6):
 
 # --------------------------------------------------------------------------- tests
 
-@pytest.mark.parametrize("weighting", ["uniform", "exp"])
-@pytest.mark.parametrize("beta", [0.0, 0.5, 1.0])
-@pytest.mark.parametrize("alpha", [0.0, 0.5, 1.0])
-@pytest.mark.parametrize("name", CASES)
+# every (α, β) with uniform votes; the exp weighting only changes ŷ (steps 1–2), so it
+# gets every α at one β. β = 0.35: counting ordered (not unordered) pairs matters.
+# large_k: one setting (its reference is the slow one); grid: exp-weighted votes on
+# exactly tied sims would be decided by float summation order, so not checked there.
+GRID = [(name, a, b, "uniform") for name in CASES if name != "large_k"
+        for a in (0.0, 0.5, 1.0) for b in (0.0, 0.35, 0.5, 1.0)]
+GRID += [(name, a, 0.35, "exp") for name in CASES if name not in ("large_k", "grid")
+         for a in (0.0, 0.5, 1.0)]
+GRID += [("large_k", 0.5, b, "uniform") for b in (0.0, 0.35)]
+
+
+@pytest.mark.parametrize("name,alpha,beta,weighting", GRID)
 def test_select_matches_bruteforce(name, alpha, beta, weighting):
-    if name == "grid" and weighting == "exp":
-        pytest.skip("exp-weighted votes on exactly tied sims: float summation order decides")
     z, noisy, y, C = make_case(name)
-    k = 12
+    k = K_OF.get(name, 12)
     sel = select(z, noisy, C, k=k, alpha=alpha, beta=beta, weighting=weighting, clean_labels=y)
     ref = reference_select(name, k, alpha, beta, weighting)
     check_against_reference(sel, ref, name)
@@ -149,6 +160,12 @@ def test_cases_exercise_the_edge_cases():
     assert len(np.unique(loss)) < len(loss) // 4                            # many equal ℓ
     S, *_ = reference_scores("grid", 12, "uniform")
     assert len(np.unique(S)) == 5                                           # all sims tied
+    # large_k: T contains examples whose q̂(ỹ) differ but clamp to the same ℓ, and T
+    # cuts through that tied group (so the clamp and the index tie-break decide T)
+    S, y_hat, loss, agree = reference_scores("large_k", 150, "uniform")
+    ref = reference_select("large_k", 150, 0.5, 0.35, "uniform")
+    top = loss == loss.min()
+    assert top.sum() > ref["n_sel"] and (top & ~ref["T"]).any()
 
 
 @pytest.mark.parametrize("name,index", [("duplicates", "torch"), ("clustered", "ivf")])
