@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo paper test bench venv clean-runs
+.PHONY: demo paper test bench venv lint
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -32,3 +32,8 @@ test: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python bench/selection.py
 	$(BIN)/python bench/step.py
+
+## The container: lint the Dockerfile and check that its pinned requirements resolve.
+lint: $(STAMP)
+	$(BIN)/hadolint docker/Dockerfile
+	$(BIN)/pip install --dry-run --ignore-installed --quiet -r docker/requirements-gpu.txt

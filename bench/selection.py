@@ -174,6 +174,7 @@ def main() -> None:
         args.n, args.k, args.repeats = 4000, 50, 1
     out = args.out if args.out is not None else ("" if args.quick else "bench/results/selection.txt")
 
+    load0 = os.getloadavg()[0]
     z, y, noisy = make_features(args.n, args.d, args.classes, args.noise)
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "features.npz")
@@ -191,7 +192,8 @@ def main() -> None:
         f"threads={args.threads} (faiss.omp_set_num_threads + torch.set_num_threads), "
         f"cpus={os.cpu_count()}, torch {torch.__version__}, faiss {faiss.__version__}, "
         f"min of {args.repeats} alternating runs; features = {z.nbytes / mb:.1f} MB",
-        "",
+        f"machine load average (1 min) at start / end: {load0:.1f} / {os.getloadavg()[0]:.1f} "
+        "(other jobs on the 2 cores slow both sides and make 2-thread runs noisy)",        "",
         "| measure | value | target |",
         "| --- | --- | --- |",
         f"| bare faiss IndexFlatIP search, k={args.k + 1} (s) | {ts:.2f} | |",

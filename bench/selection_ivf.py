@@ -125,6 +125,7 @@ def main() -> None:
         args.n, args.k, args.queries = 20_000, 50, 200
     out = args.out if args.out is not None else ("" if args.quick else "bench/results/selection_ivf.txt")
 
+    load0 = os.getloadavg()[0]
     t0 = time.perf_counter()
     z, y, noisy = make_features(args.n, args.d, args.classes, args.noise,
                                 intrinsic_dim=args.intrinsic_dim or None)
@@ -150,7 +151,8 @@ def main() -> None:
         f"alpha={args.alpha} beta={args.beta}; IndexIVFFlat nlist={r['nlist']} nprobe={args.nprobe}",
         f"threads={args.threads}, cpus={os.cpu_count()}, torch {torch.__version__}, "
         f"faiss {faiss.__version__}; features = {args.n * args.d * 4 / gb:.2f} GB",
-        "",
+        f"machine load average (1 min) at start / end: {load0:.1f} / {os.getloadavg()[0]:.1f} "
+        "(other jobs on the 2 cores slow both sides and make 2-thread runs noisy)",        "",
         "| measure | value | target |",
         "| --- | --- | --- |",
         f"| index build: k-means on {40 * r['nlist']} points + add (s) | {r['t_build']:.1f} | |",

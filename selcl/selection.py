@@ -75,17 +75,27 @@ class Selection:
         """[(i_a, j_b) ∈ G] for dataset index tensors i [A], j [B] → bool [A, B].
 
         G = same noisy label AND (same example OR both in T OR sim > γ). Cost: one
-        [A,d]×[d,B] matmul + a few elementwise [A,B] ops, no Python loop. Indices may
+        [A,d]×[d,B] matmul + four elementwise [A,B] passes, no Python loop. Indices may
         live on any device; the result is on i's device.
         """
         dev = self.features.device
         ii, jj = i.to(dev, torch.long).view(-1), j.to(dev, torch.long).view(-1)
-        same = self.labels[ii][:, None] == self.labels[jj][None, :]            # ỹ_i = ỹ_j
-        pos = ii[:, None] == jj[None, :]                                        # (i, i) ∈ G
-        pos |= self.examples[ii][:, None] & self.examples[jj][None, :]          # G′ ⊂ T×T
-        if math.isfinite(self.threshold):                                       # G″
-            pos |= _sims(self.features, ii, jj) > self.threshold
-        return (same & pos).to(i.device)
+        t_i, t_j = self.examples[ii], self.examples[jj]
+        if math.isfinite(self.threshold):
+            s = _sims(self.features, ii, jj)                                    # [A, B]
+            # G′ folded into the same comparison by one rank-1 update: both in T →
+            # sim + 4 > γ (sims ≥ −1, γ ≤ 1); every other pair gets + 0.0, exactly,
+            # so G″ = [sim > γ] is still decided on the unaltered similarity
+            s.addr_(t_i.to(s.dtype), t_j.to(s.dtype), alpha=4.0)
+            pos = s > self.threshold                                            # G′ ∪ G″
+        else:                                                                   # G′ = ∅
+            pos = t_i[:, None] & t_j[None, :]
+        # (i, i) ∈ G: only the columns whose index is also an anchor can hold such a pair
+        hit = torch.isin(jj, ii).nonzero().squeeze(1)
+        if hit.numel():
+            pos[:, hit] |= ii[:, None] == jj[hit][None, :]
+        pos &= self.labels[ii][:, None] == self.labels[jj][None, :]             # ỹ_i = ỹ_j
+        return pos.to(i.device)
 
     def state_dict(self) -> dict:
         """Everything needed to rebuild this selection (pair_mask included), on CPU."""
