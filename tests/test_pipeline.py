@@ -139,9 +139,9 @@ def test_three_queued_experiments_two_workers(repo):
     import time
     sh(["git", "add", "-A"], repo)
     sh(["git", "commit", "-qm", "baseline results"], repo)
-    alphas = (0.1, 0.3, 0.9)
+    alphas = (0.25, 0.5, 0.75)
     for a in alphas:
-        sh(["dvc", "exp", "run", "--queue", "-S", f"settings.demo_sym40.pretrain.alpha={a}",
+        sh(["dvc", "exp", "run", "--queue", "-S", f"++settings.demo_sym40.pretrain.alpha={a}",
             "-S", "run=[demo_sym40]"], repo)
     sh(["dvc", "queue", "start", "-j", "2"], repo)
     deadline = time.time() + 300
@@ -151,7 +151,9 @@ def test_three_queued_experiments_two_workers(repo):
             break
         time.sleep(3)
     st = sh(["dvc", "queue", "status"], repo).stdout
-    assert "Failed" not in st, st
+    failed = re.findall(r"^\s*\S+\s+(\S+)\s+.*\bFailed\b", st, re.MULTILINE)
+    logs = "\n".join(sh(["dvc", "queue", "logs", name], repo, check=False).stdout[-3000:] for name in failed)
+    assert not failed, st + logs
     assert len(re.findall(r"\bSuccess\b", st)) == 3, st
     show = json.loads(sh(["dvc", "exp", "show", "--json"], repo).stdout)
     seen = {}
