@@ -103,13 +103,13 @@ def start_pretrain(folder: Path, driver: Path | None = None, **env) -> subproces
                             stderr=subprocess.STDOUT, text=True)
 
 
-def finish(proc: subprocess.Popen, timeout: float = 120) -> str:
+def finish(proc: subprocess.Popen, timeout: float = 400) -> str:
     out, _ = proc.communicate(timeout=timeout)
     assert proc.returncode == 0, f"stage failed ({proc.returncode}):\n{out}"
     return out
 
 
-def kill_when_hanging(proc: subprocess.Popen, folder: Path, timeout: float = 120) -> None:
+def kill_when_hanging(proc: subprocess.Popen, folder: Path, timeout: float = 400) -> None:
     """Wait for the driver's marker, then SIGKILL (no cleanup handler can run)."""
     marker = folder / "hanging"
     deadline = time.monotonic() + timeout
