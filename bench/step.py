@@ -39,7 +39,8 @@ def fake_data(n: int, num_classes: int, size: int, device) -> TrainData:
 
 
 def timed(fn, iters: int, device) -> float:
-    fn()                                  # warm-up (cuDNN autotune, allocator)
+    for _ in range(3):                    # warm-up (cuDNN autotune, allocator, compilation)
+        fn()
     synchronize(device)
     t0 = time.perf_counter()
     for _ in range(iters):
@@ -57,6 +58,9 @@ def main() -> None:
     ap.add_argument("--classes", type=int, default=10)
     ap.add_argument("--size", type=int, default=32)
     ap.add_argument("--out", default=None, help="also write the table to this file")
+    ap.add_argument("--compile", default=None, metavar="MODE",
+                    help="torch.compile the networks in place (nn.Module.compile) with this mode, "
+                         "e.g. default, reduce-overhead (CUDA graphs), max-autotune-no-cudagraphs")
     args = ap.parse_args()
 
     device = get_device()
@@ -69,6 +73,9 @@ def main() -> None:
 
     # Sel-CL step, with a full memory (read from epoch 4 on) and a real selection.
     tr = make_pretrainer(cfg, args.classes, device)
+    if args.compile:
+        tr.model.compile(mode=args.compile)
+        tr.ema.model.compile(mode=args.compile)
     z = F.normalize(torch.randn(args.n, cfg["model"]["proj_dim"], device=device), dim=1)
     sel = select(z, data.noisy, args.classes, k=min(250, args.n - 1), alpha=0.5, beta=0.25)
     rule = pair_rule(sel, data.noisy, data.clean, selected_sets="T_G1_G2")
@@ -82,6 +89,8 @@ def main() -> None:
     # Plain CE step: same network, batch, device; weak augmentation, one pass.
     model = make_model(cfg["model"], args.classes, device)
     opt = sgd(model, cfg["baseline"])
+    if args.compile:
+        model.compile(mode=args.compile)
 
     def ce_step():
         idx = batch()
@@ -101,7 +110,7 @@ def main() -> None:
         f"# Pre-training step vs cross-entropy step ({info.get('gpu', info['device'])}, torch {info['torch']})",
         "",
         f"arch {args.arch}, batch {args.batch}, images {args.size}px, memory {tr.memory.size}, "
-        f"{args.iters} timed iterations after one warm-up",
+        f"{args.iters} timed iterations after one warm-up, torch.compile: {args.compile or 'off (eager)'}",
         "",
         "| step | time (ms) |", "|---|---|",
         f"| Sel-CL pre-training step | {t_sel * 1e3:.1f} |",

@@ -232,8 +232,8 @@ class EMA:
         # Python loop of 120 small kernels (matters on GPU, where this runs every step).
         torch._foreach_mul_(ema_p, m)
         torch._foreach_add_(ema_p, new_p, alpha=1.0 - m)
-        for b_ema, b in zip(self.model.buffers(), model.buffers()):
-            b_ema.copy_(b)
+        # BN running stats (and counters): one foreach copy instead of ~60 copy kernels
+        torch._foreach_copy_(list(self.model.buffers()), [b.detach() for b in model.buffers()])
 
     @torch.no_grad()
     def __call__(self, *args, **kwargs):

@@ -90,8 +90,11 @@ def make_model(model_cfg: dict, num_classes: int, device: torch.device):
 
 
 def sgd(model, cfg: dict):
+    # fused=True on CUDA: the whole update (wd, momentum, step) in one kernel per dtype
+    # group instead of several foreach passes; the same arithmetic, fewer launches.
+    fused = is_cuda(next(model.parameters()).device)
     return torch.optim.SGD(model.parameters(), lr=cfg["lr"], momentum=cfg["momentum"],
-                           weight_decay=cfg["weight_decay"])
+                           weight_decay=cfg["weight_decay"], fused=fused or None)
 
 
 def lr_at(cfg: dict, epoch: int, it: int, iters: int) -> float:
