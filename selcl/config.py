@@ -60,6 +60,7 @@ SCHEMA: dict[str, dict[str, tuple]] = {
         "dataset": (str, _choice("digits", "cifar10", "cifar100", "imagefolder")),
         "root": (str, None), "path": (OPT_STR, None), "subset": (OPT_INT, lambda v: v is None or _pos(v)),
         "seed": (int, _nonneg), "download": (bool, None),
+        "image_size": (OPT_INT, lambda v: v is None or _pos(v)),
     },
     "noise": {
         "kind": (str, _choice("none", "sym", "asym", "file")), "rate": (float, _unit),
@@ -233,6 +234,9 @@ def _check_consistency(name: str, cfg: dict) -> None:
     data, noise, model = cfg["data"], cfg["noise"], cfg["model"]
     if data["dataset"] == "imagefolder" and not data["path"]:
         raise ConfigError(f"{where}.data.path: required for dataset imagefolder")
+    if data["image_size"] is not None and data["dataset"] != "imagefolder":
+        raise ConfigError(f"{where}.data.image_size = {data['image_size']}: applies to dataset "
+                          f"imagefolder only ({data['dataset']!r} has a fixed size); set it to null")
     if noise["kind"] == "file" and not noise["file"]:
         raise ConfigError(f"{where}.noise.file: required for noise kind 'file'")
     if noise["kind"] in ("sym", "asym") and noise["rate"] == 0.0:

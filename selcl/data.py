@@ -20,7 +20,11 @@ Datasets (`load_dataset(name, ...)`):
                   CIFAR-100 also gives the 20 superclass ids (``coarse_train``).
 * ``imagefolder`` ``path`` is a folder ``train/<class>/<file>``, ``test/<class>/<file>``
                   or a ``.tar.gz`` / ``.tgz`` / ``.tar`` of one (with or without one
-                  top-level folder). mean/std from the training images.
+                  top-level folder). mean/std from the training images. Images must
+                  share one size unless ``image_size=S`` is given: then each image's
+                  shorter side is resized to S (PIL bilinear, antialiased) and the
+                  central S×S square kept (WebVision-50 at 224 px: the usual
+                  Resize + CenterCrop, done once at decode time).
 
 **Dataset order** (the order noisy-label files follow, SPEC §1 "file" noise):
 digits — the order of sklearn's split; CIFAR — the order of the pickled batches;
@@ -354,12 +358,27 @@ def _jpeg_batch_decode(blobs: list) -> list | None:
         return None
 
 
-def _decode_all(items: list) -> np.ndarray:
+def resize_center_crop(im: np.ndarray, size: int) -> np.ndarray:
+    """uint8 [3, H, W] → [3, size, size]: shorter side to `size` (bilinear, antialiased),
+    then the central square."""
+    from PIL import Image
+    h, w = im.shape[1:]
+    if (h, w) == (size, size):
+        return im
+    scale = size / min(h, w)
+    nh, nw = max(size, round(h * scale)), max(size, round(w * scale))
+    pil = Image.fromarray(np.ascontiguousarray(im.transpose(1, 2, 0))).resize((nw, nh), Image.BILINEAR)
+    top, left = (nh - size) // 2, (nw - size) // 2
+    return np.asarray(pil.crop((left, top, left + size, top + size))).transpose(2, 0, 1)
+
+
+def _decode_all(items: list, image_size: int | None = None) -> np.ndarray:
     """Decode (source, shown name) items, in order, into uint8 [N, 3, H, W].
 
     JPEGs go through `_jpeg_batch_decode`, everything else (and JPEGs it rejects)
-    through PIL. All images must share one size (else DataError naming the first
-    odd file in dataset order).
+    through PIL. With `image_size`, every image goes through `resize_center_crop`;
+    without, all images must share one size (else DataError naming the first odd
+    file in dataset order).
     """
     if not items:
         return np.zeros((0, 3, 0, 0), dtype=np.uint8)
@@ -376,17 +395,20 @@ def _decode_all(items: list) -> np.ndarray:
     for i, im in enumerate(imgs):
         if im is None:
             imgs[i] = _pil_decode(blobs[i], items[i][1])
+        if image_size is not None:
+            imgs[i] = resize_center_crop(imgs[i], int(image_size))
     shape = imgs[0].shape
     x = np.empty((len(imgs),) + shape, dtype=np.uint8)   # C-contiguous [N, 3, H, W]
     for i, (im, (_, shown)) in enumerate(zip(imgs, items)):
         if im.shape != shape:
             raise DataError(f"image {shown} is {im.shape[2]}×{im.shape[1]} but the first image "
-                            f"{items[0][1]} is {shape[2]}×{shape[1]}: all images must share one size")
+                            f"{items[0][1]} is {shape[2]}×{shape[1]}: all images must share one size "
+                            f"(or set data.image_size to resize them)")
         x[i] = im
     return x
 
 
-def _load_imagefolder(path, subset, subset_test) -> ImageData:
+def _load_imagefolder(path, subset, subset_test, image_size=None) -> ImageData:
     if path is None:
         raise DataError("dataset imagefolder needs `path` (a folder with train/<class>/ and "
                         "test/<class>/, or a .tar.gz of one)")
@@ -420,8 +442,8 @@ def _load_imagefolder(path, subset, subset_test) -> ImageData:
             items += [entries[(split, c, f)] for f in files]
             labels += [cid[c]] * len(files)
         out[split] = (items, np.asarray(labels, dtype=np.int64))
-    x_tr = _decode_all(out["train"][0])
-    x_te = _decode_all(out["test"][0])
+    x_tr = _decode_all(out["train"][0], image_size)
+    x_te = _decode_all(out["test"][0], image_size)
     if x_te.shape[1:] != x_tr.shape[1:]:
         raise DataError(f"{path}: test images {out['test'][0][0][1]} are {x_te.shape[3]}×{x_te.shape[2]} "
                         f"but training images are {x_tr.shape[3]}×{x_tr.shape[2]}")
@@ -433,7 +455,8 @@ def _load_imagefolder(path, subset, subset_test) -> ImageData:
 # ----------------------------------------------------------------------------- entry points
 
 def load_dataset(name: str, *, root="data/raw", path=None, subset: int | None = None,
-                 seed: int = 42, download: bool = True, subset_test: int | None = None) -> ImageData:
+                 seed: int = 42, download: bool = True, subset_test: int | None = None,
+                 image_size: int | None = None) -> ImageData:
     """Load one of DATASETS (see the module docstring for each one and for the order).
 
     root      where CIFAR's python folders live / are downloaded to
@@ -442,16 +465,20 @@ def load_dataset(name: str, *, root="data/raw", path=None, subset: int | None = 
     seed      digits' train/test split
     download  CIFAR: allow torchvision to download a missing/corrupt copy
     subset_test  like subset, for the test set (default: full test set)
+    image_size   imagefolder: resize + centre-crop every image to image_size² (None: keep)
     """
     if name not in DATASETS:
         raise DataError(f"unknown dataset {name!r} (parameter `dataset`); valid names: {', '.join(DATASETS)}")
+    if image_size is not None and name != "imagefolder":
+        raise DataError(f"image_size applies to the imagefolder dataset only (dataset {name!r} "
+                        f"has a fixed size): set it to null")
     if name == "digits":
         data = _load_digits(seed)
     elif name in _CIFAR:
         data = _load_cifar(name, root, download)
     else:
         # subsets are applied before decoding (and mean/std computed after) here
-        return _load_imagefolder(path, subset, subset_test)
+        return _load_imagefolder(path, subset, subset_test, image_size)
     data = _apply_subset(data, subset, subset_test)
     if name == "digits" and subset is not None:
         data.mean, data.std = channel_mean_std(data.x_train)
