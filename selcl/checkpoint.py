@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from .atomic import atomic_path, atomic_write_bytes, atomic_write_text, write_json  # noqa: F401
+from . import dist
 
 
 class CheckpointError(RuntimeError):
@@ -110,6 +111,7 @@ class Checkpointer:
 
     def maybe_save(self, epoch: int, total: int, state_fn) -> None:
         if epoch % self.every == 0 or epoch == total:
-            state = state_fn()
+            state = state_fn()          # every rank (under DDP it gathers RNG states) ...
             state["fingerprint"] = self.fp
-            save(state, self.path)
+            if dist.is_main():          # ... but only rank 0 writes
+                save(state, self.path)

@@ -7,7 +7,12 @@ are chosen automatically and never change a stage's tracked params.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
+import sys
+import tempfile
+import time
+from pathlib import Path
 
 import torch
 
@@ -17,14 +22,59 @@ def get_device(preference: str = "auto") -> torch.device:
 
     The environment variable SELCL_DEVICE overrides 'auto' (handy for tests and
     for `dvc queue` workers pinned to one GPU via CUDA_VISIBLE_DEVICES).
+    'auto' with several GPUs visible: under torchrun, the GPU of LOCAL_RANK; otherwise
+    the first GPU no other selcl process holds (`claim_gpu`), so that the workers of
+    `dvc queue start -j N` spread over N GPUs with no configuration.
     """
     if preference == "auto":
         preference = os.environ.get("SELCL_DEVICE", "auto")
     if preference == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        if not torch.cuda.is_available():
+            return torch.device("cpu")
+        if int(os.environ.get("WORLD_SIZE", "1")) > 1:        # torchrun: one GPU per rank
+            return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        count = torch.cuda.device_count()
+        return torch.device("cuda", claim_gpu(count)) if count > 1 else torch.device("cuda")
     if preference.startswith("cuda") and not torch.cuda.is_available():
         raise RuntimeError(f"device '{preference}' was asked for but CUDA is not available")
     return torch.device(preference)
+
+
+_CLAIMED: dict = {}     # the claimed GPU's lock file stays open for the process lifetime
+
+
+def claim_gpu(count: int, lock_dir: str | os.PathLike | None = None, poll_s: float = 5.0) -> int:
+    """One GPU per process among `count` visible ones, for parallel workers
+    (`dvc queue start -j N`: every stage is a process of its own).
+
+    Takes the first GPU whose lock file `<lock_dir>/gpu<i>.lock` nobody holds, with an
+    exclusive fcntl lock that the OS drops when the process ends (crash included); when
+    all are taken, waits for one. lock_dir: $SELCL_GPU_LOCK_DIR, else
+    <tmp>/selcl-gpu-locks-<uid> (shared by the queue's temporary workspaces). Idempotent
+    within a process.
+    """
+    if "gpu" in _CLAIMED:
+        return _CLAIMED["gpu"][0]
+    lock_dir = Path(lock_dir or os.environ.get("SELCL_GPU_LOCK_DIR")
+                    or Path(tempfile.gettempdir()) / f"selcl-gpu-locks-{os.getuid()}")
+    lock_dir.mkdir(parents=True, exist_ok=True)
+    said = False
+    while True:
+        for i in range(count):
+            f = open(lock_dir / f"gpu{i}.lock", "a+")
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                f.close()
+                continue
+            f.seek(0); f.truncate(); f.write(f"{os.getpid()}\n"); f.flush()
+            _CLAIMED["gpu"] = (i, f)
+            return i
+        if not said:
+            print(f"[device] all {count} GPUs are held by other selcl processes ({lock_dir}); "
+                  f"waiting for one", file=sys.stderr, flush=True)
+            said = True
+        time.sleep(poll_s)
 
 
 def is_cuda(device: torch.device | str) -> bool:

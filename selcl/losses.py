@@ -84,11 +84,18 @@ def mix(x: torch.Tensor, lam: float | torch.Tensor, perm: torch.Tensor) -> torch
 
 
 # ---------------------------------------------------------------------------- §6
-def _self_mask(A: int, M: int, device: torch.device) -> torch.Tensor:
-    """[A,M] bool, True at (a, a): candidate a is anchor a itself (cands = cat([anchors, memory]))."""
-    if M < A:
-        raise ValueError(f"the first A={A} candidates must be the anchors, got only M={M}")
-    return torch.eye(A, M, dtype=torch.bool, device=device)
+def _self_mask(A: int, M: int, device: torch.device, offset: int = 0) -> torch.Tensor:
+    """[A,M] bool, True at (a, offset + a): candidate offset + a is anchor a itself
+    (cands = cat([anchors, memory]); under DDP the anchors of all ranks come first and
+    this rank's start at `offset`)."""
+    if M < offset + A:
+        raise ValueError(f"candidates {offset}..{offset + A - 1} must be the anchors, got only M={M}")
+    if offset == 0:
+        return torch.eye(A, M, dtype=torch.bool, device=device)
+    mask = torch.zeros(A, M, dtype=torch.bool, device=device)
+    rows = torch.arange(A, device=device)
+    mask[rows, rows + offset] = True
+    return mask
 
 
 def pair_masks(anchor_ids: torch.Tensor, partner_ids: torch.Tensor, cand_ids: torch.Tensor,
@@ -115,8 +122,8 @@ def selective_contrastive_loss(anchors: torch.Tensor, anchor_ids: torch.Tensor,
                                cands: torch.Tensor, cand_ids: torch.Tensor, in_G: PairMask | None,
                                keys: torch.Tensor, partner_keys: torch.Tensor,
                                queue: torch.Tensor, temperature: float = 0.1,
-                               masks: tuple[torch.Tensor, torch.Tensor] | None = None
-                               ) -> tuple[torch.Tensor, torch.Tensor]:
+                               masks: tuple[torch.Tensor, torch.Tensor] | None = None,
+                               self_offset: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """L_MIX (SPEC §6, Eq. 6): supervised contrastive loss over the confident pairs G,
     with mixup weighting and the unsupervised (MoCo) fallback.
 
@@ -131,6 +138,8 @@ def selective_contrastive_loss(anchors: torch.Tensor, anchor_ids: torch.Tensor,
     partner_keys [A,d]  the same for the partner example
     queue        [Q,d]  MoCo negatives (KeyQueue.keys; Q may be 0)
     masks        optional (G_dom, G_part) from `pair_masks` (then in_G is not called)
+    self_offset  row of anchor 0 among the candidates (DDP: this rank's first anchor among
+                 the gathered anchors of all ranks; 0 in one process)
 
     For each anchor a and part x ∈ {dominant (weight λ_a), partner (weight 1−λ_a)}:
       P_x(a) = {c ≠ a : (x, id_c) ∈ G}   — includes the other view of x and memory copies of x
@@ -148,7 +157,7 @@ def selective_contrastive_loss(anchors: torch.Tensor, anchor_ids: torch.Tensor,
     a_emb = _f32(anchors)
     c_emb = _f32(cands).to(a_emb.dtype)
     lam = lam.to(device=a_emb.device, dtype=a_emb.dtype)
-    self_mask = _self_mask(A, M, a_emb.device)
+    self_mask = _self_mask(A, M, a_emb.device, self_offset)
     if masks is None:
         masks = pair_masks(anchor_ids, partner_ids, cand_ids, in_G)
 
@@ -178,13 +187,14 @@ def selective_contrastive_loss(anchors: torch.Tensor, anchor_ids: torch.Tensor,
 def similarity_loss(p_anchor: torch.Tensor, p_cands: torch.Tensor, anchor_ids: torch.Tensor,
                     partner_ids: torch.Tensor, lam: torch.Tensor, cand_ids: torch.Tensor,
                     in_G: PairMask | None, eps: float = 1e-7,
-                    masks: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+                    masks: tuple[torch.Tensor, torch.Tensor] | None = None,
+                    self_offset: int = 0) -> torch.Tensor:
     """L_SIM (SPEC §6, Eq. 9): BCE between s = p_a·p_c and the pair indicator, mixup-weighted.
 
     p_anchor [A,C] softmax probabilities of the anchors (mixed views); p_cands [M,C] =
     torch.cat([p_anchor, memory EMA probabilities]) (candidate a < A is anchor a);
     anchor_ids / partner_ids / lam [A], cand_ids [M], in_G / masks as in
-    selective_contrastive_loss.
+    selective_contrastive_loss (self_offset too).
 
       s_ac = clamp(p_a·p_c, eps, 1−eps)
       ℓ_ac = λ_a·BCE(s_ac, [(dom_a, c) ∈ G]) + (1−λ_a)·BCE(s_ac, [(partner_a, c) ∈ G])
@@ -194,7 +204,7 @@ def similarity_loss(p_anchor: torch.Tensor, p_cands: torch.Tensor, anchor_ids: t
     pa = _f32(p_anchor)
     pc = _f32(p_cands).to(pa.dtype)
     lam = lam.to(device=pa.device, dtype=pa.dtype)[:, None]
-    self_mask = _self_mask(A, M, pa.device)
+    self_mask = _self_mask(A, M, pa.device, self_offset)
     if masks is None:
         masks = pair_masks(anchor_ids, partner_ids, cand_ids, in_G)
 

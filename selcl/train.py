@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from . import augment, losses
+from . import augment, dist, losses
 from .checkpoint import Checkpointer
 from .device import autocast, is_cuda, knn_index_for, memory_format, synchronize
 from .evaluate import embed, test_accuracy, weighted_knn_accuracy
@@ -86,6 +86,7 @@ def make_model(model_cfg: dict, num_classes: int, device: torch.device):
     torch.manual_seed(model_cfg["seed"])            # paper: initialisation seed 1
     model = build_model(model_cfg["arch"], num_classes, width=model_cfg["width"],
                         blocks=tuple(model_cfg["blocks"]), proj_dim=model_cfg["proj_dim"])
+    model = dist.sync_batchnorm(model, device)      # DDP on CUDA: BN over the global batch
     return model.to(device).to(memory_format=memory_format(device))
 
 
@@ -128,29 +129,54 @@ def _views(x_uint8, g, data, strong: bool = True, n: int = 1):
 
 
 def _batches(n: int, batch_size: int, g: torch.Generator, device):
-    """Shuffled index batches, last incomplete batch dropped (as the authors' loaders)."""
+    """Shuffled global index batches, last incomplete batch dropped (as the authors'
+    loaders). Under DDP `g` is the order generator, seeded alike on every rank, and
+    each rank keeps its shard (`dist.shard`) of every batch."""
     perm = torch.randperm(n, generator=g, device=device)
     for start in range(0, n - batch_size + 1, batch_size):
-        yield perm[start:start + batch_size]
+        yield dist.shard(perm[start:start + batch_size])
 
 
 def _progress(iterable, desc: str, total=None, initial=0):
     return tqdm(iterable, desc=desc, total=total, initial=initial, dynamic_ncols=True, leave=True)
 
 
-def _rng_state(g: torch.Generator, np_rng: np.random.Generator) -> dict:
-    return {"torch": g.get_state(), "numpy": np_rng.bit_generator.state}
+def _rng_state(g: torch.Generator, np_rng: np.random.Generator, order=None) -> dict:
+    """Every generator's state; under DDP every rank's (a collective: all ranks call it)."""
+    state = {"torch": g.get_state(), "numpy": np_rng.bit_generator.state}
+    if order is not None and order is not g:
+        state["order"] = order.get_state()
+    return {"ranks": dist.all_objects(state)} if dist.world_size() > 1 else state
 
 
-def _set_rng_state(g, np_rng, state) -> None:
+def _set_rng_state(g, np_rng, state, order=None) -> None:
+    from .checkpoint import CheckpointError
+    saved = len(state["ranks"]) if "ranks" in state else 1
+    if saved != dist.world_size():
+        raise CheckpointError(f"checkpoint written by {saved} process(es), resumed with "
+                              f"{dist.world_size()}: resume with the same number of processes "
+                              f"(or delete the checkpoint to start over)")
+    if "ranks" in state:
+        state = state["ranks"][dist.rank()]
     g.set_state(state["torch"])
     np_rng.bit_generator.state = state["numpy"]
+    if order is not None and "order" in state:
+        order.set_state(state["order"])
 
 
 def _generators(seed: int, device):
+    """(g, np_rng, order): augmentation/mixup draws and the batch order. Under DDP each
+    rank draws its own augmentations (seed offset by rank) while `order` is seeded
+    alike everywhere, so all ranks shard the same global batches; in one process
+    `order` is `g` itself (one stream, as before DDP existed)."""
+    r = dist.rank()
     g = torch.Generator(device=device)
-    g.manual_seed(seed)
-    return g, np.random.default_rng(seed)
+    g.manual_seed(seed + 100_003 * r)
+    order = g
+    if dist.world_size() > 1:
+        order = torch.Generator(device=device)
+        order.manual_seed(seed)
+    return g, np.random.default_rng(seed + 100_003 * r), order
 
 
 # ------------------------------------------------------------------- warm-up (§4)
@@ -161,26 +187,27 @@ def warmup(cfg: dict, data: TrainData, device, ckpt: Checkpointer):
     model = make_model(cfg["model"], data.num_classes, device)
     ema = EMA(model, wc["ema"])
     opt = sgd(model, wc)
+    net = dist.wrap(model, device, unused_heads=wc["method"] == "uns_cl")   # DDP under torchrun
     queue = KeyQueue(wc["queue_size"], cfg["model"]["proj_dim"], device)
-    g, np_rng = _generators(cfg["model"]["seed"] * 1000 + 1, device)
+    g, np_rng, order = _generators(cfg["model"]["seed"] * 1000 + 1, device)
     history, start = [], 1
     state = ckpt.load()
     if state is not None:
         model.load_state_dict(state["model"]); ema.load_state_dict(state["ema"])
         opt.load_state_dict(state["opt"]); queue.load_state_dict(state["queue"])
-        _set_rng_state(g, np_rng, state["rng"]); history = state["history"]; start = state["epoch"] + 1
+        _set_rng_state(g, np_rng, state["rng"], order); history = state["history"]; start = state["epoch"] + 1
     iters = data.n // wc["batch_size"]
     ramp = {"lr": wc["lr"], "lr_warmup_epochs": wc["epochs"]}   # linear ramp over the warm-up
     same_label = lambda i, j: data.noisy[i][:, None] == data.noisy[j][None, :]  # noqa: E731
     for epoch in _progress(range(start, wc["epochs"] + 1), "warm-up", total=wc["epochs"], initial=start - 1):
         model.train(); ema.model.train()
-        sums = {"loss": 0.0}
-        for it, idx in enumerate(_batches(data.n, wc["batch_size"], g, device)):
+        sums = {"loss": torch.zeros((), device=device)}
+        for it, idx in enumerate(_batches(data.n, wc["batch_size"], order, device)):
             set_lr(opt, lr_at(ramp, epoch, it, iters))
             x = data.x[idx]
             v1, v2 = _views(x, g, data, n=2)
             with autocast(device):
-                q, logits = model(v1)
+                q, logits = net(v1)
                 with torch.no_grad():
                     k, _ = ema.model(v2)
             q, k = q.float(), k.float().detach()
@@ -188,26 +215,27 @@ def warmup(cfg: dict, data: TrainData, device, ckpt: Checkpointer):
                 loss = losses.moco_loss(q, k, queue.keys, wc["temperature"])
             else:  # Sup-CL warm-up (Table 7): all same-noisy-label pairs + CE
                 with autocast(device):
-                    q2, logits2 = model(v2)
+                    q2, logits2 = net(v2)
                 anchors = torch.cat([q, q2.float()])
                 ids = torch.cat([idx, idx])
                 lam = torch.ones(len(ids), device=device)
                 per_anchor, _ = losses.selective_contrastive_loss(
-                    anchors, ids, ids, lam, anchors, ids, same_label, torch.cat([k, k]),
-                    torch.cat([k, k]), queue.keys, wc["temperature"])
+                    anchors, ids, ids, lam, dist.gather_with_grad(anchors), dist.gather(ids), same_label,
+                    torch.cat([k, k]), torch.cat([k, k]), queue.keys, wc["temperature"],
+                    self_offset=dist.offset(len(ids)))
                 loss = per_anchor.mean() + 0.5 * (F.cross_entropy(logits.float(), data.noisy[idx])
                                                   + F.cross_entropy(logits2.float(), data.noisy[idx]))
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
             ema.update(model)
-            queue.enqueue(k)
+            queue.enqueue(dist.gather(k))         # the whole global batch's keys, on every rank
             sums["loss"] += loss.detach()
-        history.append({"epoch": epoch, "loss": float(sums["loss"]) / max(iters, 1),
+        history.append({"epoch": epoch, "loss": float(dist.average(sums["loss"])) / max(iters, 1),
                         "lr": opt.param_groups[0]["lr"]})
         ckpt.maybe_save(epoch, wc["epochs"], lambda: {
             "model": model.state_dict(), "ema": ema.state_dict(), "opt": opt.state_dict(),
-            "queue": queue.state_dict(), "rng": _rng_state(g, np_rng), "history": history,
+            "queue": queue.state_dict(), "rng": _rng_state(g, np_rng, order), "history": history,
             "epoch": epoch})
     return {"model": model.state_dict(), "ema": ema.state_dict(), "queue": queue.state_dict(),
             "history": history}
@@ -217,6 +245,7 @@ def warmup(cfg: dict, data: TrainData, device, ckpt: Checkpointer):
 def run_selection(model, data: TrainData, pc: dict, epoch: int, z=None) -> Selection:
     """Select T and G from z of the online network on un-augmented training images."""
     if z is None:
+        dist.sync_buffers(model)
         z, _ = embed(model, data.x, data.mean, data.std)
     return select(z, data.noisy, data.num_classes, k=pc["k"], alpha=pc["alpha"], beta=pc["beta"],
                   weighting=pc["knn_weighting"], seed=epoch, clean_labels=data.clean,
@@ -240,6 +269,12 @@ class Pretrainer:
     g: torch.Generator
     np_rng: np.random.Generator
     pc: dict
+    net: torch.nn.Module | None = None   # `model` wrapped in DDP under torchrun (forward passes)
+    order: torch.Generator | None = None  # batch order (DDP: same on all ranks); None: `g`
+
+    def __post_init__(self):
+        self.net = self.net if self.net is not None else self.model
+        self.order = self.order if self.order is not None else self.g
 
     def mixup(self, B: int, device):
         """λ ~ Beta(1,1), λ = max(λ, 1−λ), partner by random permutation (identity if off)."""
@@ -250,7 +285,7 @@ class Pretrainer:
     def step(self, data: "TrainData", idx: torch.Tensor, rule, T_idx: torch.Tensor,
              use_memory: bool) -> dict:
         """L = L_MIX + λ_c·L_CLS + λ_s·L_SIM on the batch `idx`; returns detached parts."""
-        pc, model, ema, g, device = self.pc, self.model, self.ema, self.g, idx.device
+        pc, net, ema, g, device = self.pc, self.net, self.ema, self.g, idx.device
         B = idx.shape[0]
         x = data.x[idx]
         v1, v2 = _views(x, g, data, n=2)
@@ -258,7 +293,7 @@ class Pretrainer:
         (lam1, p1), (lam2, p2) = self.mixup(B, device), self.mixup(B, device)
         m1, m2 = losses.mix(v1, lam1, p1), losses.mix(v2, lam2, p2)
         with autocast(device):
-            z_q, logits_q = model(torch.cat([m1, m2]))            # anchors: online, mixed views
+            z_q, logits_q = net(torch.cat([m1, m2]))              # anchors: online, mixed views
             with torch.no_grad():
                 z_k, logits_k = ema.model(torch.cat([v1, v2]))    # keys: EMA, un-mixed views
         z_q, z_k, logits_q = z_q.float(), z_k.float().detach(), logits_q.float()
@@ -271,13 +306,16 @@ class Pretrainer:
         keys = torch.cat([k2, k1])                                # positive key: the other, un-mixed view
         partner_keys = keys[partner_rows]
         mem = use_memory and len(self.memory.ids) > 0
-        cands = torch.cat([z_q, self.memory.feats]) if mem else z_q
-        cand_ids = torch.cat([anchor_ids, self.memory.ids]) if mem else anchor_ids
+        # Candidates: the anchors of the whole (global) batch, then the memory. Under DDP
+        # this rank's anchors start at row `off` of the gathered anchors.
+        z_all, ids_all, off = dist.gather_with_grad(z_q), dist.gather(anchor_ids), dist.offset(2 * B)
+        cands = torch.cat([z_all, self.memory.feats]) if mem else z_all
+        cand_ids = torch.cat([ids_all, self.memory.ids]) if mem else ids_all
         # (i, j) ∈ G for dominant and partner rows, built once for L_MIX and L_SIM.
         masks = losses.pair_masks(anchor_ids, partner_ids, cand_ids, rule.in_G, partner_rows)
         per_anchor, fallback = losses.selective_contrastive_loss(
             z_q, anchor_ids, partner_ids, lam, cands, cand_ids, None, keys, partner_keys,
-            self.queue.keys, pc["temperature"], masks=masks)
+            self.queue.keys, pc["temperature"], masks=masks, self_offset=off)
         l_mix = per_anchor.mean()
         loss, out = l_mix, {"l_mix": l_mix.detach(), "fallback": fallback}
         if pc["classifier"] and pc["lambda_cls"] > 0 and len(T_idx):
@@ -287,7 +325,7 @@ class Pretrainer:
             c1, c2 = _views(xc, g, data, n=2)
             lc, pcm = self.mixup(B, device)
             with autocast(device):
-                _, logits_c = model(losses.mix(torch.cat([c1, c2]), lc, torch.cat([pcm, pcm + B])))
+                _, logits_c = net(losses.mix(torch.cat([c1, c2]), lc, torch.cat([pcm, pcm + B])))
             yc = data.noisy[ic]
             l_cls = losses.mixup_cross_entropy(logits_c.float(), torch.cat([yc, yc]),
                                                torch.cat([yc[pcm], yc[pcm]]), lc)
@@ -296,29 +334,32 @@ class Pretrainer:
         if pc["classifier"] and pc["sim_loss"] and pc["lambda_sim"] > 0:
             # L_SIM: BCE between p_i·p_j and [(i,j) ∈ G] over batch and memory (EMA probabilities).
             p_anchor = logits_q.softmax(1)
-            p_cands = torch.cat([p_anchor, self.memory.probs]) if mem else p_anchor
+            p_all = dist.gather_with_grad(p_anchor)
+            p_cands = torch.cat([p_all, self.memory.probs]) if mem else p_all
             l_sim = losses.similarity_loss(p_anchor, p_cands, anchor_ids, partner_ids, lam, cand_ids,
-                                           None, masks=masks)
+                                           None, masks=masks, self_offset=off)
             loss = loss + pc["lambda_sim"] * l_sim
             out["l_sim"] = l_sim.detach()
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
         self.opt.step()
-        ema.update(model)
-        self.queue.enqueue(torch.cat([k1, k2]))
-        self.memory.enqueue(z_k, logits_k.float().softmax(1), anchor_ids)
+        ema.update(self.model)
+        # queue and memory get the whole global batch, in rank order, on every rank
+        self.queue.enqueue(dist.gather(torch.cat([k1, k2])))
+        self.memory.enqueue(dist.gather(z_k), dist.gather(logits_k.float().softmax(1)), ids_all)
         out["loss"] = loss.detach()
         return out
 
     def state_dict(self) -> dict:
         return {"model": self.model.state_dict(), "ema": self.ema.state_dict(),
                 "opt": self.opt.state_dict(), "queue": self.queue.state_dict(),
-                "memory": self.memory.state_dict(), "rng": _rng_state(self.g, self.np_rng)}
+                "memory": self.memory.state_dict(), "rng": _rng_state(self.g, self.np_rng, self.order)}
 
     def load_state_dict(self, state: dict) -> None:
         self.model.load_state_dict(state["model"]); self.ema.load_state_dict(state["ema"])
         self.opt.load_state_dict(state["opt"]); self.queue.load_state_dict(state["queue"])
-        self.memory.load_state_dict(state["memory"]); _set_rng_state(self.g, self.np_rng, state["rng"])
+        self.memory.load_state_dict(state["memory"])
+        _set_rng_state(self.g, self.np_rng, state["rng"], self.order)
 
 
 def make_pretrainer(cfg: dict, num_classes: int, device, warm: dict | None = None) -> Pretrainer:
@@ -334,8 +375,15 @@ def make_pretrainer(cfg: dict, num_classes: int, device, warm: dict | None = Non
         queue.load_state_dict(warm["queue"])
     memory = LabelledMemory(pc["queue_per_class"] * num_classes * 2, cfg["model"]["proj_dim"],
                             num_classes, device)
-    g, np_rng = _generators(cfg["model"]["seed"] * 1000 + 2, device)
-    return Pretrainer(model, ema, sgd(model, pc), queue, memory, g, np_rng, pc)
+    g, np_rng, order = _generators(cfg["model"]["seed"] * 1000 + 2, device)
+    return Pretrainer(model, ema, sgd(model, pc), queue, memory, g, np_rng, pc,
+                      net=dist.wrap(model, device, unused_heads=not _classifier_every_step(pc)),
+                      order=order)
+
+
+def _classifier_every_step(pc: dict) -> bool:
+    """L_SIM uses the classifier head in every step (L_CLS may skip a step when T is empty)."""
+    return bool(pc["classifier"] and pc["sim_loss"] and pc["lambda_sim"] > 0)
 
 
 def pretrain(cfg: dict, data: TrainData, warm: dict, device, ckpt: Checkpointer):
@@ -360,19 +408,24 @@ def pretrain(cfg: dict, data: TrainData, warm: dict, device, ckpt: Checkpointer)
         tr.model.train(); tr.ema.model.train()     # EMA BatchNorm: batch statistics (§2)
         sums: dict = {}
         t0 = time.perf_counter()
-        for it, idx in enumerate(_batches(data.n, pc["batch_size"], tr.g, device)):
+        for it, idx in enumerate(_batches(data.n, pc["batch_size"], tr.order, device)):
             set_lr(tr.opt, lr_at(pc, epoch, it, iters))
             for k, v in tr.step(data, idx, rule, T_idx, use_memory).items():
                 sums[k] = sums.get(k, 0.0) + v     # tensors stay on the device: no sync per step
         synchronize(device)
         t1 = time.perf_counter()
         # Per-epoch selection from the online network (§5), then the log.
+        dist.sync_buffers(tr.model)             # gloo DDP: same BN statistics on every rank
         z_tr, _ = embed(tr.model, data.x, data.mean, data.std)
         selection = run_selection(tr.model, data, pc, epoch, z=z_tr)
+        dist.check_same(f"the selection of epoch {epoch}",     # T, ŷ and γ: a guard, once per epoch
+                        torch.cat([selection.examples.long(), selection.pseudo_labels.long(),
+                                   torch.tensor([selection.threshold], dtype=torch.float64)
+                                   .view(torch.int64).to(selection.examples.device)]))
         synchronize(device)
         t2 = time.perf_counter()
         row = {"epoch": epoch, "lr": tr.opt.param_groups[0]["lr"]}
-        row.update({k: float(v) / max(iters, 1) for k, v in sums.items()})
+        row.update({k: float(dist.average(torch.as_tensor(v))) / max(iters, 1) for k, v in sums.items()})
         row.update(_selection_log(selection))
         z_te, _ = embed(tr.model, data.x_test, data.mean, data.std)
         knn = weighted_knn_accuracy(z_tr, data.clean, z_te, data.y_test, C,
@@ -400,33 +453,36 @@ def _train_classifier(model, data: TrainData, idx_pool: torch.Tensor, tc: dict, 
     """Shared loop of Sel-CL+ fine-tuning and the CE baseline: SGD on `idx_pool`
     with noisy labels, test accuracy after every epoch."""
     opt = sgd(model, tc)
-    g, np_rng = _generators(seed, device)
+    g, np_rng, order = _generators(seed, device)
     history, start = [], 1
     state = ckpt.load()
     if state is not None:
         model.load_state_dict(state["model"]); opt.load_state_dict(state["opt"])
-        _set_rng_state(g, np_rng, state["rng"]); history, start = state["history"], state["epoch"] + 1
-    n, B = len(idx_pool), min(tc["batch_size"], len(idx_pool))
+        _set_rng_state(g, np_rng, state["rng"], order); history, start = state["history"], state["epoch"] + 1
+    net = dist.wrap(model, device, unused_heads=True)     # the projection head is not trained here
+    n = len(idx_pool)
+    B = min(tc["batch_size"], n)
+    B -= B % dist.world_size()                        # global batch, split evenly over ranks
     iters = max(n // B, 1)
     bar = _progress(range(start, tc["epochs"] + 1), desc, total=tc["epochs"], initial=start - 1)
     for epoch in bar:
         model.train()
         loss_sum = torch.zeros((), device=device)
-        for it, b in enumerate(_batches(n, B, g, device)):
+        for it, b in enumerate(_batches(n, B, order, device)):
             set_lr(opt, lr_at(tc, epoch, it, iters))
-            idx = idx_pool[b]
+            idx = idx_pool[b]                             # this rank's shard of the batch
             x = data.x[idx]
             y = data.noisy[idx]
             v = _views(x, g, data, strong=strong)
             if mixup_alpha is None:                       # plain CE (baseline)
                 with autocast(device):
-                    _, logits = model(v)
+                    _, logits = net(v)
                 loss = F.cross_entropy(logits.float(), y)
             else:
                 lam = float(np_rng.beta(mixup_alpha, mixup_alpha))
-                perm = torch.randperm(B, generator=g, device=device)
+                perm = torch.randperm(len(idx), generator=g, device=device)
                 with autocast(device):
-                    _, logits = model(losses.mix(v, lam, perm))
+                    _, logits = net(losses.mix(v, lam, perm))
                 logits = logits.float()
                 if bootstrap > 0 and bootstrap_start is not None and epoch > bootstrap_start:
                     # hard bootstrapping: z = argmax of the prediction on the un-augmented image
@@ -444,12 +500,13 @@ def _train_classifier(model, data: TrainData, idx_pool: torch.Tensor, tc: dict, 
             loss.backward()
             opt.step()
             loss_sum += loss.detach()
+        dist.sync_buffers(model)
         acc = test_accuracy(model, data.x_test, data.y_test, data.mean, data.std)
-        history.append({"epoch": epoch, "loss": float(loss_sum) / iters, "test_acc": acc,
+        history.append({"epoch": epoch, "loss": float(dist.average(loss_sum)) / iters, "test_acc": acc,
                         "lr": opt.param_groups[0]["lr"]})
         bar.set_postfix(loss=f"{history[-1]['loss']:.3f}", acc=f"{acc:.2f}")
         ckpt.maybe_save(epoch, tc["epochs"], lambda: {
-            "model": model.state_dict(), "opt": opt.state_dict(), "rng": _rng_state(g, np_rng),
+            "model": model.state_dict(), "opt": opt.state_dict(), "rng": _rng_state(g, np_rng, order),
             "history": history, "epoch": epoch})
     return history
 

@@ -2,7 +2,7 @@
 weak augmentation → runs/<setting>/baseline.json, baseline_history.csv."""
 from common import check_sizes, load, main, require_device, run_dir, write_history
 
-from selcl import checkpoint
+from selcl import checkpoint, dist
 from selcl.train import TrainData, baseline, summarise
 
 
@@ -11,6 +11,8 @@ def run(name: str) -> None:
     device = require_device(cfg)
     out = run_dir(name)
     if not cfg["baseline"]["enabled"]:
+        if not dist.is_main():
+            return
         # Switched off for this setting: record that, so the report shows "—".
         checkpoint.write_json(out / "baseline.json", {"enabled": False})
         write_history(out / "baseline_history.csv", [])
@@ -21,6 +23,8 @@ def run(name: str) -> None:
     fp = checkpoint.fingerprint("baseline", cfg["model"], cfg["baseline"], checkpoint.file_digest(out / "labels.npz"))
     ckpt = checkpoint.Checkpointer(out / "ckpt" / "baseline.pt", fp, cfg["baseline"]["checkpoint_every"])
     state = baseline(cfg, data, device, ckpt)
+    if not dist.is_main():      # torchrun: rank 0 writes the outputs
+        return
     write_history(out / "baseline_history.csv", state["history"])
     metrics = {"enabled": True, **summarise(state["history"], cfg["baseline"]["eval_last"])}
     checkpoint.write_json(out / "baseline.json", metrics)

@@ -20,6 +20,7 @@ if str(ROOT) not in sys.path:
 
 import torch  # noqa: E402
 
+from selcl import dist  # noqa: E402
 from selcl.checkpoint import CheckpointError, atomic_write_text  # noqa: E402
 from selcl.config import ConfigError, load_setting  # noqa: E402
 from selcl.data import DataError  # noqa: E402
@@ -29,6 +30,7 @@ from selcl.noise import NoiseError  # noqa: E402
 EXIT_BAD_INPUT = 2   # bad params / missing or corrupt input / full disk: one line on stderr
 EXIT_OOM = 3         # CUDA out of memory: the line names the batch size to lower
 BATCH_SIZE_SECTIONS = ("warmup", "pretrain", "finetune", "baseline")   # stage = its params section
+DDP_STAGES = BATCH_SIZE_SECTIONS        # the training loops, which run under torchrun
 
 
 class StageError(RuntimeError):
@@ -55,7 +57,9 @@ def require_device(cfg: dict) -> torch.device:
             f"CUDA GPU, and none is visible. Run the CPU demo instead with `make demo` "
             f"(or `dvc exp run -S 'run=[demo_sym40,demo_asym40]'`); set SELCL_ALLOW_CPU=1 to run it on "
             f"the CPU anyway.")
-    return get_device()
+    device = get_device()
+    dist.init(device)                   # joins torchrun's process group, if launched by it
+    return device
 
 
 def load(name: str) -> dict:
@@ -80,12 +84,32 @@ def _one_line(text: str) -> str:
     return " ".join(str(text).split())
 
 
+def relaunch_under_torchrun() -> None:
+    """SELCL_NPROC=N (N > 1) runs a training stage as N data-parallel processes:
+    the script re-executes itself under `torchrun --standalone --nproc_per_node=N`.
+    A machine choice like SELCL_DEVICE, not a param: `SELCL_NPROC=4 dvc repro` works and
+    dvc.yaml stays the same. (Starting `torchrun ... stages/pretrain.py <setting>` by
+    hand does the same.)"""
+    nproc = os.environ.get("SELCL_NPROC", "1")
+    if Path(sys.argv[0]).stem not in DDP_STAGES or dist.launched():
+        return
+    if not nproc.isdigit() or int(nproc) < 1:
+        raise StageError(f"SELCL_NPROC={nproc!r}: must be a positive number of processes")
+    if int(nproc) > 1:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+               f"--nproc_per_node={nproc}", sys.argv[0], *sys.argv[1:]]
+        sys.stdout.flush()
+        os.execv(sys.executable, cmd)
+
+
 def main(fn) -> None:
     """Run `fn(setting_name)`; turn known failures into one line on stderr and exit
     code 2 (bad input, missing/corrupt file, full disk) or 3 (CUDA out of memory).
     Nothing already produced is touched: every output is written atomically."""
     try:
+        relaunch_under_torchrun()
         fn(setting_from_argv())
+        dist.shutdown()
     except (ConfigError, DataError, NoiseError, CheckpointError, StageError) as exc:
         print(f"error: {_one_line(exc)}", file=sys.stderr)
         sys.exit(EXIT_BAD_INPUT)
@@ -117,6 +141,9 @@ def check_sizes(cfg: dict, n_train: int, sections=("warmup", "pretrain", "finetu
         if bs > n_train:
             raise StageError(f"settings.{name}.{section}.batch_size = {bs}: larger than the "
                              f"{n_train} training images")
+        if bs % dist.world_size():
+            raise StageError(f"settings.{name}.{section}.batch_size = {bs}: not divisible by the "
+                             f"{dist.world_size()} torchrun processes (SELCL_NPROC)")
     if "pretrain" in sections and cfg["pretrain"]["k"] >= n_train:
         raise StageError(f"settings.{name}.pretrain.k = {cfg['pretrain']['k']}: must be smaller than "
                          f"the {n_train} training images")

@@ -2,7 +2,7 @@
 → runs/<setting>/finetune.pt, finetune_history.csv (plots), finetune.json (metrics)."""
 from common import StageError, load, main, require_device, run_dir, write_history
 
-from selcl import checkpoint
+from selcl import checkpoint, dist
 from selcl.train import TrainData, finetune, summarise
 
 
@@ -21,6 +21,8 @@ def run(name: str) -> None:
     fp = checkpoint.fingerprint("finetune", cfg["model"], cfg["finetune"], checkpoint.file_digest(out / "pretrain.pt"))
     ckpt = checkpoint.Checkpointer(out / "ckpt" / "finetune.pt", fp, cfg["finetune"]["checkpoint_every"])
     state = finetune(cfg, data, pre, device, ckpt)
+    if not dist.is_main():      # torchrun: rank 0 writes the outputs
+        return
     checkpoint.save({"model": state["model"]}, out / "finetune.pt")
     write_history(out / "finetune_history.csv", state["history"])
     metrics = summarise(state["history"], cfg["finetune"]["eval_last"])

@@ -2,7 +2,7 @@
 → runs/<setting>/pretrain.pt, pretrain_history.csv (plots), pretrain.json (metrics)."""
 from common import check_sizes, load, main, require_device, run_dir, write_history
 
-from selcl import checkpoint
+from selcl import checkpoint, dist
 from selcl.device import describe
 from selcl.train import TrainData, pretrain
 
@@ -18,6 +18,8 @@ def run(name: str) -> None:
                                 checkpoint.file_digest(out / "warmup.pt"))
     ckpt = checkpoint.Checkpointer(out / "ckpt" / "pretrain.pt", fp, cfg["pretrain"]["checkpoint_every"])
     state = pretrain(cfg, data, warm, device, ckpt)
+    if not dist.is_main():      # torchrun: rank 0 writes the outputs
+        return
     timing = state.pop("timing")
     checkpoint.save(state, out / "pretrain.pt")
     write_history(out / "pretrain_timing.csv", timing)   # wall-clock, not reproducible

@@ -1,7 +1,7 @@
 """Stage `warmup@<setting>`: Uns-CL warm-up (SPEC §4) → runs/<setting>/warmup.pt."""
 from common import check_sizes, load, main, require_device, run_dir, write_history
 
-from selcl import checkpoint
+from selcl import checkpoint, dist
 from selcl.train import TrainData, warmup
 
 
@@ -14,6 +14,8 @@ def run(name: str) -> None:
     fp = checkpoint.fingerprint("warmup", cfg["model"], cfg["warmup"], checkpoint.file_digest(out / "labels.npz"))
     ckpt = checkpoint.Checkpointer(out / "ckpt" / "warmup.pt", fp, cfg["warmup"]["checkpoint_every"])
     state = warmup(cfg, data, device, ckpt)
+    if not dist.is_main():      # torchrun: rank 0 writes the outputs
+        return
     checkpoint.save(state, out / "warmup.pt")
     write_history(out / "warmup_history.csv", state["history"])
 
