@@ -27,7 +27,7 @@ from tqdm.auto import tqdm
 
 from . import augment, dist, losses
 from .checkpoint import Checkpointer
-from .device import autocast, is_cuda, knn_index_for, memory_format, synchronize
+from .device import autocast, compiled, is_cuda, knn_index_for, memory_format, synchronize
 from .evaluate import embed, test_accuracy, weighted_knn_accuracy
 from .memory import KeyQueue, LabelledMemory
 from .models import EMA, build_model
@@ -88,6 +88,20 @@ def make_model(model_cfg: dict, num_classes: int, device: torch.device):
                         blocks=tuple(model_cfg["blocks"]), proj_dim=model_cfg["proj_dim"])
     model = dist.sync_batchnorm(model, device)      # DDP on CUDA: BN over the global batch
     return model.to(device).to(memory_format=memory_format(device))
+
+
+def training_forward(model, device, unused_heads: bool = False):
+    """What the training loops call for forward passes with gradient: DDP under torchrun,
+    else (CUDA) the CUDA-graphed compile of `model`, else `model` itself."""
+    if dist.world_size() > 1:
+        return dist.wrap(model, device, unused_heads=unused_heads)
+    return compiled(model)
+
+
+def key_forward(ema: EMA):
+    """The EMA network's forward for keys (no gradient, batch statistics): compiled on CUDA
+    in one process (under DDP its SyncBatchNorm stays eager)."""
+    return compiled(ema.model) if dist.world_size() == 1 else ema.model
 
 
 def sgd(model, cfg: dict):
@@ -187,7 +201,8 @@ def warmup(cfg: dict, data: TrainData, device, ckpt: Checkpointer):
     model = make_model(cfg["model"], data.num_classes, device)
     ema = EMA(model, wc["ema"])
     opt = sgd(model, wc)
-    net = dist.wrap(model, device, unused_heads=wc["method"] == "uns_cl")   # DDP under torchrun
+    net = training_forward(model, device, unused_heads=wc["method"] == "uns_cl")
+    ema_net = key_forward(ema)
     queue = KeyQueue(wc["queue_size"], cfg["model"]["proj_dim"], device)
     g, np_rng, order = _generators(cfg["model"]["seed"] * 1000 + 1, device)
     history, start = [], 1
@@ -209,7 +224,7 @@ def warmup(cfg: dict, data: TrainData, device, ckpt: Checkpointer):
             with autocast(device):
                 q, logits = net(v1)
                 with torch.no_grad():
-                    k, _ = ema.model(v2)
+                    k, _ = ema_net(v2)
             q, k = q.float(), k.float().detach()
             if wc["method"] == "uns_cl":
                 loss = losses.moco_loss(q, k, queue.keys, wc["temperature"])
@@ -269,11 +284,13 @@ class Pretrainer:
     g: torch.Generator
     np_rng: np.random.Generator
     pc: dict
-    net: torch.nn.Module | None = None   # `model` wrapped in DDP under torchrun (forward passes)
+    net: torch.nn.Module | None = None   # training forward of `model` (DDP / CUDA graphs); None: model
+    ema_net: torch.nn.Module | None = None  # forward of the EMA network; None: ema.model
     order: torch.Generator | None = None  # batch order (DDP: same on all ranks); None: `g`
 
     def __post_init__(self):
         self.net = self.net if self.net is not None else self.model
+        self.ema_net = self.ema_net if self.ema_net is not None else self.ema.model
         self.order = self.order if self.order is not None else self.g
 
     def mixup(self, B: int, device):
@@ -285,7 +302,7 @@ class Pretrainer:
     def step(self, data: "TrainData", idx: torch.Tensor, rule, T_idx: torch.Tensor,
              use_memory: bool) -> dict:
         """L = L_MIX + λ_c·L_CLS + λ_s·L_SIM on the batch `idx`; returns detached parts."""
-        pc, net, ema, g, device = self.pc, self.net, self.ema, self.g, idx.device
+        pc, net, g, device = self.pc, self.net, self.g, idx.device
         B = idx.shape[0]
         x = data.x[idx]
         v1, v2 = _views(x, g, data, n=2)
@@ -295,7 +312,7 @@ class Pretrainer:
         with autocast(device):
             z_q, logits_q = net(torch.cat([m1, m2]))              # anchors: online, mixed views
             with torch.no_grad():
-                z_k, logits_k = ema.model(torch.cat([v1, v2]))    # keys: EMA, un-mixed views
+                z_k, logits_k = self.ema_net(torch.cat([v1, v2]))  # keys: EMA, un-mixed views
         z_q, z_k, logits_q = z_q.float(), z_k.float().detach(), logits_q.float()
         k1, k2 = z_k[:B], z_k[B:]
         anchor_ids = torch.cat([idx, idx])                        # dominant example of each anchor
@@ -343,7 +360,7 @@ class Pretrainer:
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
         self.opt.step()
-        ema.update(self.model)
+        self.ema.update(self.model)
         # queue and memory get the whole global batch, in rank order, on every rank
         self.queue.enqueue(dist.gather(torch.cat([k1, k2])))
         self.memory.enqueue(dist.gather(z_k), dist.gather(logits_k.float().softmax(1)), ids_all)
@@ -377,8 +394,8 @@ def make_pretrainer(cfg: dict, num_classes: int, device, warm: dict | None = Non
                             num_classes, device)
     g, np_rng, order = _generators(cfg["model"]["seed"] * 1000 + 2, device)
     return Pretrainer(model, ema, sgd(model, pc), queue, memory, g, np_rng, pc,
-                      net=dist.wrap(model, device, unused_heads=not _classifier_every_step(pc)),
-                      order=order)
+                      net=training_forward(model, device, unused_heads=not _classifier_every_step(pc)),
+                      ema_net=key_forward(ema), order=order)
 
 
 def _classifier_every_step(pc: dict) -> bool:
@@ -459,7 +476,7 @@ def _train_classifier(model, data: TrainData, idx_pool: torch.Tensor, tc: dict, 
     if state is not None:
         model.load_state_dict(state["model"]); opt.load_state_dict(state["opt"])
         _set_rng_state(g, np_rng, state["rng"], order); history, start = state["history"], state["epoch"] + 1
-    net = dist.wrap(model, device, unused_heads=True)     # the projection head is not trained here
+    net = training_forward(model, device, unused_heads=True)   # the projection head is not trained here
     n = len(idx_pool)
     B = min(tc["batch_size"], n)
     B -= B % dist.world_size()                        # global batch, split evenly over ranks

@@ -236,3 +236,13 @@ def test_cuda_bf16_channels_last():
     ema.update(m)
     ze, _ = ema(x.contiguous(memory_format=torch.channels_last))
     assert ze.is_cuda and not ze.requires_grad
+
+
+def test_training_forward_is_the_model_itself_on_cpu(monkeypatch):
+    """CUDA graphs (torch.compile reduce-overhead) are a CUDA-only speed path: on the CPU
+    the loops call the plain module, so CPU results stay exact and eager."""
+    from selcl.device import compiled
+    from selcl.train import training_forward
+    model = M.build_model("small", 10, width=8, blocks=(1,))
+    assert compiled(model) is model
+    assert training_forward(model, torch.device("cpu")) is model
