@@ -29,9 +29,10 @@ paper: $(STAMP)
 test: $(STAMP)
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -q
 
+## CPU-sized benchmarks (on a CUDA machine: bench/gpu.sh path/to/cifar10-jpeg.tar.gz).
 bench: $(STAMP)
 	$(BIN)/python bench/selection.py
-	$(BIN)/python bench/step.py
+	$(BIN)/python bench/step.py --arch small --batch 64 --iters 10
 
 ## The container: lint the Dockerfile and check that its pinned requirements resolve.
 lint: $(STAMP)
