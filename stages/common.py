@@ -96,6 +96,13 @@ def relaunch_under_torchrun() -> None:
     if not nproc.isdigit() or int(nproc) < 1:
         raise StageError(f"SELCL_NPROC={nproc!r}: must be a positive number of processes")
     if int(nproc) > 1:
+        # Check what can be checked before starting N processes: bad params then give one
+        # line from this process instead of N lines and torchrun's failure report.
+        name, section = setting_from_argv(), Path(sys.argv[0]).stem
+        bs = load(name)[section]["batch_size"]
+        if bs % int(nproc):
+            raise StageError(f"settings.{name}.{section}.batch_size = {bs}: not divisible by the "
+                             f"{nproc} torchrun processes (SELCL_NPROC)")
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                f"--nproc_per_node={nproc}", sys.argv[0], *sys.argv[1:]]
         sys.stdout.flush()

@@ -127,8 +127,9 @@ def test_batch_not_divisible_by_processes_is_one_clear_error(tmp_path, tiny_upst
     copy_upstream(tiny_upstream, tmp_path)
     proc = subprocess.run([PYTHON, str(STAGES / "warmup.py"), SETTING], cwd=tmp_path,
                           env=stage_env(SELCL_NPROC="2"), capture_output=True, text=True, timeout=600)
-    assert proc.returncode != 0
-    assert "warmup.batch_size = 33" in proc.stderr and "SELCL_NPROC" in proc.stderr
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        "error: settings.tiny.warmup.batch_size = 33: not divisible by the 2 torchrun processes (SELCL_NPROC)"]
 
 
 CLAIM = textwrap.dedent(r"""
