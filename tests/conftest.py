@@ -112,12 +112,12 @@ def tree_digest(folder: Path) -> dict[str, str]:
             for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
-@pytest.fixture(scope="session")
-def tiny_upstream(tmp_path_factory):
-    """Real outputs of data → noise → warmup for the tiny setting, made once per session:
-    the folder (with params.yaml and runs/tiny/...). Copy it with `copy_upstream`."""
+def make_tiny_inputs(folder: Path) -> Path:
+    """params.yaml and the real outputs of data → noise → warmup of the tiny setting in
+    `folder`, made in this process with one thread; returns the folder."""
     import torch
-    folder = tmp_path_factory.mktemp("upstream")
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
     write_params(folder, tiny_params_dict())
     mp = pytest.MonkeyPatch()
     threads = torch.get_num_threads()
@@ -129,6 +129,13 @@ def tiny_upstream(tmp_path_factory):
         torch.set_num_threads(threads)
         mp.undo()
     return folder
+
+
+@pytest.fixture(scope="session")
+def tiny_upstream(tmp_path_factory):
+    """`make_tiny_inputs`, once per session: the folder (with params.yaml and
+    runs/tiny/...). Copy it with `copy_upstream`."""
+    return make_tiny_inputs(tmp_path_factory.mktemp("upstream"))
 
 
 def copy_upstream(src: Path, dst: Path) -> None:

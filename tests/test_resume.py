@@ -27,8 +27,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import (PYTHON, ROOT, SETTING, TINY, run_stage_inprocess, stage_env, tiny_params_dict,
-                      write_params)
+from conftest import PYTHON, ROOT, SETTING, TINY, make_tiny_inputs, stage_env
 
 from selcl import checkpoint
 
@@ -80,21 +79,6 @@ finally:
 
 
 # ----------------------------------------------------------------------------- helpers
-def make_inputs(folder: Path) -> None:
-    """data → noise → warmup of the tiny setting in `folder`, in this process."""
-    folder.mkdir(parents=True, exist_ok=True)
-    write_params(folder, tiny_params_dict())
-    threads = torch.get_num_threads()
-    mp = pytest.MonkeyPatch()
-    try:
-        torch.set_num_threads(1)
-        for stage in ("data", "noise", "warmup"):
-            run_stage_inprocess(mp, folder, stage)
-    finally:
-        mp.undo()
-        torch.set_num_threads(threads)
-
-
 def start_pretrain(folder: Path, driver: Path | None = None, **env) -> subprocess.Popen:
     cmd = ([PYTHON, str(driver), str(ROOT), SETTING] if driver
            else [PYTHON, str(ROOT / "stages" / "pretrain.py"), SETTING])
@@ -186,8 +170,8 @@ def ckpt_epoch(folder: Path) -> int:
 # ----------------------------------------------------------------------------- the test
 def test_pretrain_resumes_exactly_after_kill_9(tmp_path):
     a, b = tmp_path / "A", tmp_path / "B"
-    make_inputs(a)
-    make_inputs(b)
+    make_tiny_inputs(a)
+    make_tiny_inputs(b)
     # Determinism of the upstream stages: two independent runs, the same labels.
     assert sha256(a / RUN / "labels.npz") == sha256(b / RUN / "labels.npz")
     assert sha256(a / RUN / "warmup.pt") == sha256(b / RUN / "warmup.pt")
