@@ -98,11 +98,8 @@ def relaunch_under_torchrun() -> None:
     if int(nproc) > 1:
         # Check what can be checked before starting N processes: bad params then give one
         # line from this process instead of N lines and torchrun's failure report.
-        name, section = setting_from_argv(), Path(sys.argv[0]).stem
-        bs = load(name)[section]["batch_size"]
-        if bs % int(nproc):
-            raise StageError(f"settings.{name}.{section}.batch_size = {bs}: not divisible by the "
-                             f"{nproc} torchrun processes (SELCL_NPROC)")
+        section = Path(sys.argv[0]).stem
+        check_batch_split(load(setting_from_argv()), section, int(nproc))
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                f"--nproc_per_node={nproc}", sys.argv[0], *sys.argv[1:]]
         sys.stdout.flush()
@@ -140,6 +137,14 @@ def main(fn) -> None:
         sys.exit(EXIT_BAD_INPUT)
 
 
+def check_batch_split(cfg: dict, section: str, nproc: int) -> None:
+    """The global batch of `section` must split evenly over the torchrun processes."""
+    bs = cfg[section]["batch_size"]
+    if bs % nproc:
+        raise StageError(f"settings.{cfg['name']}.{section}.batch_size = {bs}: not divisible by the "
+                         f"{nproc} torchrun processes (SELCL_NPROC)")
+
+
 def check_sizes(cfg: dict, n_train: int, sections=("warmup", "pretrain", "finetune", "baseline")) -> None:
     """Batch sizes and K must fit the training set: say which key, before any work."""
     name = cfg["name"]
@@ -148,9 +153,7 @@ def check_sizes(cfg: dict, n_train: int, sections=("warmup", "pretrain", "finetu
         if bs > n_train:
             raise StageError(f"settings.{name}.{section}.batch_size = {bs}: larger than the "
                              f"{n_train} training images")
-        if bs % dist.world_size():
-            raise StageError(f"settings.{name}.{section}.batch_size = {bs}: not divisible by the "
-                             f"{dist.world_size()} torchrun processes (SELCL_NPROC)")
+        check_batch_split(cfg, section, dist.world_size())
     if "pretrain" in sections and cfg["pretrain"]["k"] >= n_train:
         raise StageError(f"settings.{name}.pretrain.k = {cfg['pretrain']['k']}: must be smaller than "
                          f"the {n_train} training images")
