@@ -32,6 +32,7 @@ from selcl.pairs import pair_rule  # noqa: E402
 from selcl.selection import select  # noqa: E402
 from selcl.train import lr_at, make_pretrainer, set_lr  # noqa: E402
 from step import fake_data  # noqa: E402
+from tables import emit  # noqa: E402
 
 
 def run(cfg, data, steps: int, compile_on: bool, device, n: int, B: int, perturb: float = 0.0):
@@ -96,10 +97,7 @@ def main() -> None:
               f"final weights, ‖w − w_eager‖ / ‖w_eager‖: perturbed eager {wdiff(pp):.1e}, compiled {wdiff(pc):.1e}",
               f"median step time after step 10: eager {t_e * 1e3:.1f} ms, compiled {t_c * 1e3:.1f} ms "
               f"(**{t_e / t_c:.2f}×**); first compiled step (compilation) {tc[0]:.1f} s", ""]
-    table = "\n".join(lines)
-    print(table)
-    if args.out:
-        Path(args.out).write_text(table)
+    emit(lines, args.out)
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ from selcl.device import describe, get_device, synchronize  # noqa: E402
 from selcl.evaluate import embed, weighted_knn_accuracy  # noqa: E402
 from selcl.noise import make_noisy_labels  # noqa: E402
 from selcl.train import TrainData, finetune, pretrain, run_selection, warmup  # noqa: E402
+from tables import emit  # noqa: E402  (bench/tables.py)
 
 
 def main() -> None:
@@ -114,10 +115,7 @@ def main() -> None:
         f"After {args.epochs} pre-training epochs: |T| = {int(last.get('n_selected', 0))}, precision of T = "
         f"{last.get('precision_T', float('nan')):.3f}, weighted k-NN top-1 = {knn['top1']:.2f} %; "
         f"fine-tuned test accuracy after {args.finetune_epochs} epoch(s) = {ft['history'][-1]['test_acc']:.2f} %.", ""]
-    table = "\n".join(lines)
-    print(table)
-    if args.out:
-        Path(args.out).write_text(table)
+    emit(lines, args.out)
     print(f"total pre-training wall time {t_pre:.1f} s")
 
 

@@ -42,6 +42,7 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from selcl.selection import select  # noqa: E402
+from tables import emit, stats_line  # noqa: E402  (bench/tables.py)
 
 
 def make_features(n: int, d: int, classes: int, noise: float, seed: int = 0,
@@ -207,15 +208,9 @@ def main() -> None:
         f"all runs (s): search {[round(t, 2) for t in r['t_search']]}, "
         f"select {[round(t, 2) for t in r['t_select']]}",
         "",
-        "selection stats: " + ", ".join(
-            f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in st.items()),
+        stats_line(st),
     ]
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if out:
-        os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
-        with open(out, "w") as f:
-            f.write(text)
+    emit(lines, out)
 
 
 if __name__ == "__main__":

@@ -51,6 +51,7 @@ from selection import make_features, peak_bytes, rss_bytes, set_threads  # noqa:
 
 from selcl.knn import _drop_self, build_index, default_nlist, knn_search  # noqa: E402
 from selcl.selection import select  # noqa: E402
+from tables import emit, stats_line  # noqa: E402  (bench/tables.py)
 
 
 def child(args) -> None:
@@ -170,15 +171,9 @@ def main() -> None:
         "| --- | --- | --- | --- |",
         *[f"| {npb} | {rec:.3f} | {agr:.3f} | {t:.0f} |" for npb, rec, agr, t in r["sweep"]],
         "",
-        "selection stats: " + ", ".join(
-            f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in st.items()),
+        stats_line(st),
     ]
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if out:
-        os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
-        with open(out, "w") as f:
-            f.write(text)
+    emit(lines, out)
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ from selcl.device import autocast, describe, get_device, synchronize  # noqa: E4
 from selcl.pairs import pair_rule  # noqa: E402
 from selcl.selection import select  # noqa: E402
 from selcl.train import TrainData, _views, make_model, make_pretrainer, sgd, training_forward  # noqa: E402
+from tables import emit  # noqa: E402  (bench/tables.py)
 
 
 def fake_data(n: int, num_classes: int, size: int, device) -> TrainData:
@@ -104,7 +105,7 @@ def main() -> None:
 
     info = describe(device)
     ratio = t_sel / t_ce
-    table = "\n".join([
+    emit([
         f"# Pre-training step vs cross-entropy step ({info.get('gpu', info['device'])}, torch {info['torch']})",
         "",
         f"arch {args.arch}, batch {args.batch}, images {args.size}px, memory {tr.memory.size}, "
@@ -114,10 +115,7 @@ def main() -> None:
         "| step | time (ms) |", "|---|---|",
         f"| Sel-CL pre-training step | {t_sel * 1e3:.1f} |",
         f"| plain CE step | {t_ce * 1e3:.1f} |",
-        f"| **ratio** | **{ratio:.2f}×** (target ≤ 6.5×) |", ""])
-    print(table)
-    if args.out:
-        Path(args.out).write_text(table)
+        f"| **ratio** | **{ratio:.2f}×** (target ≤ 6.5×) |"], args.out)
 
 
 if __name__ == "__main__":
