@@ -73,8 +73,7 @@ SCHEMA: dict[str, dict[str, tuple]] = {
         "blocks": (list, _int_list), "proj_dim": (int, _pos), "seed": (int, _nonneg),
     },
     "warmup": {
-        "method": (str, _choice("uns_cl", "sup_cl")), "epochs": (int, _pos), "batch_size": (int, _pos),
-        "lr": (float, _posf), "momentum": (float, _unit), "weight_decay": (float, _nonneg),
+        "method": (str, _choice("uns_cl", "sup_cl")), "epochs": (int, _pos),
         "temperature": (float, _posf), "queue_size": (int, _pos), "ema": (float, _unit),
         "checkpoint_every": (int, _pos),
     },
@@ -245,6 +244,10 @@ def _check_consistency(name: str, cfg: dict) -> None:
         raise ConfigError(f"{where}.model.blocks: needs at least one stage")
     if len(model["blocks"]) > 4:
         raise ConfigError(f"{where}.model.blocks: at most 4 stages")
+    wc, pc = cfg["warmup"], cfg["pretrain"]
+    if pc["epochs"] <= wc["epochs"]:
+        raise ConfigError(f"{where}.pretrain.epochs = {pc['epochs']}: counts the warm-up's {wc['epochs']} "
+                          f"epoch(s) too (SPEC §10.3), so it must be larger than warmup.epochs")
     ft = cfg["finetune"]
     if ft["eval_last"] > ft["epochs"]:
         raise ConfigError(f"{where}.finetune.eval_last = {ft['eval_last']}: must be ≤ finetune.epochs ({ft['epochs']})")

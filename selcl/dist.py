@@ -123,6 +123,17 @@ def average(x: torch.Tensor) -> torch.Tensor:
     return x / world_size()
 
 
+def average_(tensors: list) -> None:
+    """Average a list of tensors over ranks, in place (one all-reduce of their
+    concatenation); a no-op in one process."""
+    if world_size() == 1 or not tensors:
+        return
+    flat = torch.cat([t.reshape(-1) for t in tensors])
+    dist.all_reduce(flat)
+    flat.div_(world_size())
+    torch._foreach_copy_(tensors, [c.view_as(t) for c, t in zip(flat.split([t.numel() for t in tensors]), tensors)])
+
+
 def offset(n_local: int) -> int:
     """Row of this rank's first local item in a `gather`ed tensor of n_local rows per rank."""
     return rank() * n_local

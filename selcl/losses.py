@@ -2,10 +2,17 @@
 
   moco_loss                   Uns-CL, MoCo with a key queue                   (§4)
   mixup_params, mix           mixup: λ ~ Beta(1,1), λ = max(λ, 1−λ), partner  (§6, §7)
-  pair_masks                  the [A,M] masks of G shared by L_MIX and L_SIM  (§5.8, §6)
-  selective_contrastive_loss  L_MIX: SupCon over the confident pairs G, with
-                              mixup weighting and the MoCo fallback           (§6, Eq. 6)
-  similarity_loss             L_SIM: BCE between p_i·p_j and [(i, j) ∈ G]     (§6, Eq. 9)
+  term_masks                  the [A,M] masks of one term (batch or memory)    (§10.2.4)
+  sup_contrastive_term        one term of L_sel: SupCon over G, mixup-weighted  (§10.2.4, Eq. 6)
+  similarity_term             one term of L_SIM: BCE of p_i·p_j vs the targets  (§10.2.6, Eq. 9)
+  fallback_weights            s_i: which examples get the Uns-CL loss          (§10.2.5)
+  selective_losses            L_sel and L_SIM of one iteration from the above  (§10.2.4–6)
+
+The pre-training iteration (SPEC §10.2, the authors' structure) sums a *batch* term and
+a *memory* term, each with its own softmax and masks:
+  L_sel = mean_i(s_i·u_i) + Σ_terms mean_i ℓ_i,   L_SIM = Σ_terms mean(BCE)
+(u_i: MoCo loss of the un-mixed view 1): `selective_losses`; `selcl.train.Pretrainer.step`
+makes its inputs.
   mixup_cross_entropy         L_CLS and fine-tuning epochs 1–30               (§6, §7)
   mixup_bootstrap_loss        fine-tuning after epoch 30, hard bootstrapping  (§7)
 
@@ -18,6 +25,7 @@ mask); (i, i) ∈ G for every i.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -83,138 +91,160 @@ def mix(x: torch.Tensor, lam: float | torch.Tensor, perm: torch.Tensor) -> torch
     return lam * x + (1 - lam) * x[perm]
 
 
-# ---------------------------------------------------------------------------- §6
-def _self_mask(A: int, M: int, device: torch.device, offset: int = 0) -> torch.Tensor:
-    """[A,M] bool, True at (a, offset + a): candidate offset + a is anchor a itself
-    (cands = cat([anchors, memory]); under DDP the anchors of all ranks come first and
-    this rank's start at `offset`)."""
-    if M < offset + A:
-        raise ValueError(f"candidates {offset}..{offset + A - 1} must be the anchors, got only M={M}")
-    if offset == 0:
-        return torch.eye(A, M, dtype=torch.bool, device=device)
-    mask = torch.zeros(A, M, dtype=torch.bool, device=device)
-    rows = torch.arange(A, device=device)
-    mask[rows, rows + offset] = True
-    return mask
+# ----------------------------------------------------------------- §6, §10.2
+@dataclass
+class TermMasks:
+    """The five [A,M] bool masks of one term (batch or memory) of SPEC §10.2.4, for A
+    anchors (rows: view-1 anchors of the B examples, then their view-2 anchors) against
+    M candidates. With a = the anchor, i its dominant example, p its mixup partner:
 
-
-def pair_masks(anchor_ids: torch.Tensor, partner_ids: torch.Tensor, cand_ids: torch.Tensor,
-               in_G: PairMask, partner_rows: torch.Tensor | None = None
-               ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The two [A,M] bool masks of G that L_MIX and L_SIM share:
-    G_dom[a,c] = (anchor_ids[a], cand_ids[c]) ∈ G,  G_part[a,c] = (partner_ids[a], cand_ids[c]) ∈ G.
-
-    Computing them once and passing `masks=` to both losses halves the in_G evaluations
-    (each one gathers stored embeddings and thresholds their similarities). If the partner
-    of every anchor is itself an anchor, partner_ids == anchor_ids[partner_rows] (batch
-    mixup: partner_rows = cat([perm1, perm2 + B])), G_part is a row gather of G_dom
-    instead of a second in_G evaluation.
+      keep[a,c]       c is not a's own entry (the only candidate left out of the softmax)
+      sup_dom[a,c]    (i, id_c) ∈ G, except i's own entries of the current batch
+      unsup_dom[a,c]  c is the other view of i in the current batch
+      sup_part[a,c]   (p, id_c) ∈ G   (p's own current views included: (p, p) ∈ G)
+      unsup_part[a,c] c is a view of p in the current batch
+    so p's current views are in both of its sets and count twice, as in the authors'
+    masks. Older memory copies of i are "sup" positives of i ((i, i) ∈ G).
     """
-    anchor_ids = anchor_ids.to(cand_ids.device)
-    g_dom = in_G(anchor_ids, cand_ids)
-    if partner_rows is not None:
-        return g_dom, g_dom[partner_rows.to(g_dom.device)]
-    return g_dom, in_G(partner_ids.to(cand_ids.device), cand_ids)
+    keep: torch.Tensor
+    sup_dom: torch.Tensor
+    unsup_dom: torch.Tensor
+    sup_part: torch.Tensor
+    unsup_part: torch.Tensor
 
 
-def selective_contrastive_loss(anchors: torch.Tensor, anchor_ids: torch.Tensor,
-                               partner_ids: torch.Tensor, lam: torch.Tensor,
-                               cands: torch.Tensor, cand_ids: torch.Tensor, in_G: PairMask | None,
-                               keys: torch.Tensor, partner_keys: torch.Tensor,
-                               queue: torch.Tensor, temperature: float = 0.1,
-                               masks: tuple[torch.Tensor, torch.Tensor] | None = None,
-                               self_offset: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    """L_MIX (SPEC §6, Eq. 6): supervised contrastive loss over the confident pairs G,
-    with mixup weighting and the unsupervised (MoCo) fallback.
+def term_masks(anchor_ids: torch.Tensor, partner_ids: torch.Tensor, cand_ids: torch.Tensor,
+               current: torch.Tensor, own: torch.Tensor, in_G: PairMask,
+               partner_rows: torch.Tensor | None = None) -> TermMasks:
+    """Build one term's masks (see TermMasks).
 
-    anchors      [A,d]  online embeddings of the mixed views (A = 2B, both views stacked)
-    anchor_ids   [A]    dataset index of each anchor's dominant example
-    partner_ids  [A]    dataset index of its mixup partner
-    lam          [A]    λ_a (weight of the dominant example; views may differ)
-    cands        [M,d]  torch.cat([anchors, memory_feats]): candidate a (< A) IS anchor a
-    cand_ids     [M]    dataset index of each candidate's (dominant) example
-    in_G         (i [n], j [m]) -> bool [n,m]: (i, j) ∈ G, with (i, i) ∈ G always
-    keys         [A,d]  EMA embedding of the other, un-mixed view of the dominant example
-    partner_keys [A,d]  the same for the partner example
-    queue        [Q,d]  MoCo negatives (KeyQueue.keys; Q may be 0)
-    masks        optional (G_dom, G_part) from `pair_masks` (then in_G is not called)
-    self_offset  row of anchor 0 among the candidates (DDP: this rank's first anchor among
-                 the gathered anchors of all ranks; 0 in one process)
-
-    For each anchor a and part x ∈ {dominant (weight λ_a), partner (weight 1−λ_a)}:
-      P_x(a) = {c ≠ a : (x, id_c) ∈ G}   — includes the other view of x and memory copies of x
-      L_x(a) = −1/|P_x(a)| Σ_{p∈P_x(a)} log[ exp(a·c_p/τ) / Σ_{c≠a} exp(a·c_c/τ) ]
-    Fallback ("anchors with no positive from G get the MoCo loss of §4"): since (x, x) ∈ G
-    always, "no positive from G" is read as: no c ≠ a with id_c ≠ x and (x, id_c) ∈ G, i.e.
-    the only positives would be copies of x itself. Then L_x(a) = moco_loss(a, key_x, queue),
-    key_x = keys[a] (dominant) or partner_keys[a] (partner).
-      loss[a] = λ_a·L_dom(a) + (1−λ_a)·L_part(a)
-
-    Returns (loss [A] in ≥float32, fraction of the 2A (anchor, part) terms that used the
-    fallback, as a 0-dim tensor on the anchors' device). Gradients flow through anchors and cands.
+    anchor_ids [A]   dataset index of each anchor's dominant example
+    partner_ids [A]  dataset index of its mixup partner
+    cand_ids [M]     dataset index of each candidate
+    current [M]      bool: the candidate is an entry of the current (global) batch
+    own [A]          column of each anchor's own entry among the candidates
+    in_G             (i [n], j [m]) -> bool [n,m], (i, i) ∈ G
+    partner_rows [A] optional: partner_ids == anchor_ids[partner_rows], so the partner's G
+                     rows are a row gather of the dominant ones (one in_G call, not two)
+    Dataset indices are unique within a batch (an epoch is a permutation), so "same
+    index and current" is exactly "a view of the same example in this batch".
     """
-    A, M = anchors.shape[0], cands.shape[0]
+    A, M = anchor_ids.shape[0], cand_ids.shape[0]
+    dev = cand_ids.device
+    anchor_ids, partner_ids = anchor_ids.to(dev), partner_ids.to(dev)
+    keep = torch.ones(A, M, dtype=torch.bool, device=dev)
+    keep[torch.arange(A, device=dev), own.to(dev)] = False
+    g_dom = in_G(anchor_ids, cand_ids).to(dev)
+    g_part = g_dom[partner_rows.to(dev)] if partner_rows is not None else in_G(partner_ids, cand_ids).to(dev)
+    cur = current.to(dev)[None, :]
+    same_dom = cur & (anchor_ids[:, None] == cand_ids[None, :])     # i's views in this batch
+    same_part = cur & (partner_ids[:, None] == cand_ids[None, :])   # p's views in this batch
+    return TermMasks(keep=keep, sup_dom=g_dom & ~same_dom, unsup_dom=same_dom & keep,
+                     sup_part=g_part & keep, unsup_part=same_part & keep)
+
+
+def sup_contrastive_term(anchors: torch.Tensor, cands: torch.Tensor, lam: torch.Tensor,
+                         masks: TermMasks, temperature: float = 0.1) -> tuple[torch.Tensor, torch.Tensor]:
+    """One supervised contrastive term of L_sel (SPEC §10.2.4; Eq. 6 with mixup).
+
+    anchors [A,d] (A = 2B: view-1 rows then view-2 rows), cands [M,d], lam [A].
+      log p(a,c) = a·c/τ − log Σ_{c' : keep} exp(a·c'/τ)
+      m_x(a)     = (Σ_{sup_x} log p + Σ_{unsup_x} log p) / (|sup_x(a)| + |unsup_x(a)|),  x ∈ {dom, part}
+      ℓ(a)       = −λ_a·m_dom(a) − (1−λ_a)·m_part(a)
+      ℓ_i        = [|sup_dom(view-1 anchor of i)| > 0] · (ℓ(i) + ℓ(i+B)) / 2
+    Returns (ℓ_i [B], |sup_dom| of the view-1 anchors [B] (for the fallback rule)).
+    Every row has ≥ 1 "unsup" positive (the other view), so no denominator is 0.
+    """
     a_emb = _f32(anchors)
     c_emb = _f32(cands).to(a_emb.dtype)
     lam = lam.to(device=a_emb.device, dtype=a_emb.dtype)
-    self_mask = _self_mask(A, M, a_emb.device, self_offset)
-    if masks is None:
-        masks = pair_masks(anchor_ids, partner_ids, cand_ids, in_G)
+    logits = (a_emb / temperature) @ c_emb.T                          # [A,M]
+    log_prob = logits - torch.logsumexp(logits.masked_fill(~masks.keep, float("-inf")), dim=1, keepdim=True)
 
-    # log softmax over all non-self candidates: one [A,M] similarity matrix
-    # (1/τ folded into the [A,d] anchors: saves a pass over [A,M]).
-    logits = ((a_emb / temperature) @ c_emb.T).masked_fill(self_mask, float("-inf"))
-    log_prob = torch.log_softmax(logits, dim=1)
+    def mean_log_prob(sup, unsup):
+        # where, not ×: no −inf·0. sup and unsup may overlap (the partner's views): summed apart.
+        total = torch.where(sup, log_prob, 0.0).sum(1) + torch.where(unsup, log_prob, 0.0).sum(1)
+        return total / (sup.sum(1) + unsup.sum(1)).clamp(min=1)
 
-    part_losses, fallbacks = [], []
-    for x, key, g in ((anchor_ids, keys, masks[0]), (partner_ids, partner_keys, masks[1])):
-        x = x.to(cand_ids.device)
-        pos = g.to(self_mask.device) & ~self_mask                     # P_x(a): [A,M]
-        n_pos = pos.sum(dim=1)
-        # −(1/|P|) Σ_p log softmax; masked with where (not ×) so that −inf·0 never appears.
-        l_sup = -torch.where(pos, log_prob, 0.0).sum(dim=1) / n_pos.clamp(min=1)
-        has_G = (pos & (cand_ids[None, :] != x[:, None])).any(dim=1)  # a positive other than x's copies
-        l_moco = moco_loss(anchors, key, queue, temperature, reduction="none").to(l_sup.dtype)
-        part_losses.append(torch.where(has_G, l_sup, l_moco))
-        fallbacks.append(~has_G)
-
-    loss = lam * part_losses[0] + (1 - lam) * part_losses[1]   # λ·L_dom + (1−λ)·L_part
-    # a 0-dim tensor, not .item(): the training loop sums it on the device (no sync per step)
-    used_fallback = torch.stack(fallbacks).float().mean()
-    return loss, used_fallback
+    loss = -lam * mean_log_prob(masks.sup_dom, masks.unsup_dom) \
+        - (1 - lam) * mean_log_prob(masks.sup_part, masks.unsup_part)   # ℓ(a) [A]
+    B = anchors.shape[0] // 2
+    n_sup = masks.sup_dom[:B].sum(1)                                   # view-1 anchors
+    return (n_sup > 0) * loss.view(2, B).mean(0), n_sup
 
 
-def similarity_loss(p_anchor: torch.Tensor, p_cands: torch.Tensor, anchor_ids: torch.Tensor,
-                    partner_ids: torch.Tensor, lam: torch.Tensor, cand_ids: torch.Tensor,
-                    in_G: PairMask | None, eps: float = 1e-7,
-                    masks: tuple[torch.Tensor, torch.Tensor] | None = None,
-                    self_offset: int = 0) -> torch.Tensor:
-    """L_SIM (SPEC §6, Eq. 9): BCE between s = p_a·p_c and the pair indicator, mixup-weighted.
+def similarity_term(p_anchor: torch.Tensor, p_cands: torch.Tensor, lam: torch.Tensor,
+                    masks: TermMasks, eps: float = 1e-7) -> torch.Tensor:
+    """One term of L_SIM (SPEC §10.2.6; Eq. 9): BCE between s = p_a·p_c and the pair targets.
 
-    p_anchor [A,C] softmax probabilities of the anchors (mixed views); p_cands [M,C] =
-    torch.cat([p_anchor, memory EMA probabilities]) (candidate a < A is anchor a);
-    anchor_ids / partner_ids / lam [A], cand_ids [M], in_G / masks as in
-    selective_contrastive_loss (self_offset too).
-
-      s_ac = clamp(p_a·p_c, eps, 1−eps)
-      ℓ_ac = λ_a·BCE(s_ac, [(dom_a, c) ∈ G]) + (1−λ_a)·BCE(s_ac, [(partner_a, c) ∈ G])
-    averaged over all A·(M−1) non-self pairs (c ≠ a). Returns a scalar.
+    p_anchor [A,C] softmax of the anchors, p_cands [M,C] (online for the batch term, EMA
+    for the memory term), lam [A], masks of the same term.
+      t_x[a,c] = sup_x + unsup_x  (2 at the partner's own current views, as the authors')
+      ℓ[a,c]   = λ_a·BCE(s, t_dom) + (1−λ_a)·BCE(s, t_part),  BCE(s,t) = −t·log(s+ε) − (1−t)·log(1−s+ε)
+    Returns the mean of ℓ over all A·M entries with the `keep`-excluded ones set to 0.
     """
-    A, M = p_anchor.shape[0], p_cands.shape[0]
     pa = _f32(p_anchor)
     pc = _f32(p_cands).to(pa.dtype)
     lam = lam.to(device=pa.device, dtype=pa.dtype)[:, None]
-    self_mask = _self_mask(A, M, pa.device, self_offset)
-    if masks is None:
-        masks = pair_masks(anchor_ids, partner_ids, cand_ids, in_G)
+    s = pa @ pc.T                                                     # [A,M]
+    f = lambda m: m.to(pa.dtype)  # noqa: E731
+    # BCE is linear in its target: λ·BCE(s,t_dom) + (1−λ)·BCE(s,t_part) = BCE(s, λ·t_dom + (1−λ)·t_part)
+    t = lam * (f(masks.sup_dom) + f(masks.unsup_dom)) + (1 - lam) * (f(masks.sup_part) + f(masks.unsup_part))
+    bce = -(t * torch.log(s + eps) + (1 - t) * torch.log(1 - s + eps))
+    return (bce * f(masks.keep)).mean()
 
-    s = (pa @ pc.T).clamp(eps, 1 - eps)                                  # [A,M]
-    t_dom, t_part = (g.to(device=pa.device, dtype=pa.dtype) for g in masks)
-    # BCE is linear in its target, so λ·BCE(s,t_dom) + (1−λ)·BCE(s,t_part) = BCE(s, t):
-    t = lam * t_dom + (1 - lam) * t_part
-    bce = -(t * torch.log(s) + (1 - t) * torch.log1p(-s))
-    # masked sum / count instead of bce[mask].mean(): no data-dependent shape, no GPU sync
-    return bce.masked_fill(self_mask, 0.0).sum() / (A * (M - 1))
+
+def fallback_weights(n_sup_batch: torch.Tensor, n_sup_memory: torch.Tensor | None) -> torch.Tensor:
+    """s_i of SPEC §10.2.5: 1 when example i's view-1 anchor has fewer than 2 "sup"
+    positives over batch and memory together (fewer than 1 when the memory is not read),
+    else 0. (The current batch is also in the memory, so its positives count twice.)"""
+    if n_sup_memory is None:
+        return (n_sup_batch < 1).float()
+    return (n_sup_batch + n_sup_memory < 2).float()
+
+
+@dataclass
+class Candidates:
+    """One term's candidates: embeddings z [M,d], class probabilities p [M,C], dataset
+    indices ids [M], current [M] (entry of the current batch), own [A] (column of each
+    anchor's own entry)."""
+    z: torch.Tensor
+    p: torch.Tensor
+    ids: torch.Tensor
+    current: torch.Tensor
+    own: torch.Tensor
+
+
+def selective_losses(z_mix: torch.Tensor, p_mix: torch.Tensor, u: torch.Tensor | None, lam: torch.Tensor,
+                     anchor_ids: torch.Tensor, partner_rows: torch.Tensor, in_G: PairMask,
+                     batch: Candidates, memory: Candidates | None = None, temperature: float = 0.1,
+                     similarity: bool = True) -> dict:
+    """L_sel and L_SIM of one iteration, SPEC §10.2.4–6 (the authors' structure).
+
+    z_mix [2B,d], p_mix [2B,C]  online embeddings / softmax of the mixed views (view 1, view 2)
+    u [B] or None               MoCo loss of the un-mixed view 1 (None: no Uns-CL term)
+    lam [2B]                    λ of each anchor's view
+    anchor_ids [2B]             dataset index of each anchor's dominant example
+    partner_rows [2B]           row of its mixup partner's anchor (cat([perm1, perm2 + B]))
+    batch / memory              the two terms' candidates (memory None: not read)
+
+      L_sel = mean_i(s_i·u_i) + Σ_terms mean_i ℓ_i          L_SIM = Σ_terms mean BCE
+    Returns {"l_sel", "l_sim" (0 if not `similarity`), "s" [B] (fallback weights)}.
+    """
+    partner_ids = anchor_ids[partner_rows]
+    l_sel, l_sim, n_sup = 0.0, 0.0, []
+    for c in (batch, memory):
+        if c is None:
+            continue
+        masks = term_masks(anchor_ids, partner_ids, c.ids, c.current, c.own, in_G, partner_rows)
+        l_i, n_i = sup_contrastive_term(z_mix, c.z, lam, masks, temperature)
+        l_sel, n_sup = l_sel + l_i.mean(), n_sup + [n_i]
+        if similarity:
+            l_sim = l_sim + similarity_term(p_mix, c.p, lam, masks)
+    s = fallback_weights(n_sup[0], n_sup[1] if memory is not None else None)
+    if u is not None:
+        l_sel = l_sel + (s * _f32(u)).mean()
+    return {"l_sel": l_sel, "l_sim": l_sim, "s": s}
 
 
 # ---------------------------------------------------------------------- §6, §7

@@ -18,6 +18,7 @@ seed gives the same weights on any device.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 from typing import Sequence
@@ -25,6 +26,57 @@ from typing import Sequence
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+
+class _PerGroupBN:
+    """BatchNorm with per-group batch statistics (SPEC §10.2: the authors call the network
+    once per view, so every view batch is normalised with its own statistics).
+
+    With `groups = G` (set by `bn_groups`), a training-mode input of G·B rows is normalised
+    as G separate batches of B, one `F.batch_norm` per group, and the running statistics
+    are updated group after group: exactly what G separate calls of the network give, but
+    the convolutions still run once on the whole batch (the speed lever). groups = 1, or
+    eval mode: plain BatchNorm.
+    """
+    groups = 1
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.groups == 1 or not self.training:
+            return super().forward(x)
+        return torch.cat([super(_PerGroupBN, self).forward(c) for c in x.chunk(self.groups)])
+
+
+class BatchNorm2d(_PerGroupBN, nn.BatchNorm2d):
+    """nn.BatchNorm2d with per-group statistics on demand (see `bn_groups`)."""
+
+
+class SyncBatchNorm(_PerGroupBN, nn.SyncBatchNorm):
+    """nn.SyncBatchNorm (CUDA DDP) with per-group statistics on demand."""
+
+
+def per_group_sync_bn(model: nn.Module) -> nn.Module:
+    """After `nn.SyncBatchNorm.convert_sync_batchnorm` (CUDA DDP): make its layers
+    per-group capable again (same state, our subclass)."""
+    for m in model.modules():
+        if type(m) is nn.SyncBatchNorm:
+            m.__class__ = SyncBatchNorm
+    return model
+
+
+@contextlib.contextmanager
+def bn_groups(model: nn.Module, groups: int):
+    """Within the block, every BatchNorm of `model` normalises its input as `groups`
+    equal, consecutive batches: `net(torch.cat([x1, x2, x3]))` under `bn_groups(model, 3)`
+    equals three calls `net(x1)`, `net(x2)`, `net(x3)` (outputs, gradients and running
+    statistics). The batch must split evenly."""
+    mods = [m for m in model.modules() if isinstance(m, _PerGroupBN)]
+    for m in mods:
+        m.groups = int(groups)
+    try:
+        yield
+    finally:
+        for m in mods:
+            m.groups = 1
 
 
 def _conv3x3(cin: int, cout: int, stride: int = 1) -> nn.Conv2d:
@@ -40,9 +92,9 @@ class PreActBlock(nn.Module):
 
     def __init__(self, cin: int, cout: int, stride: int = 1):
         super().__init__()
-        self.bn1 = nn.BatchNorm2d(cin)
+        self.bn1 = BatchNorm2d(cin)
         self.conv1 = _conv3x3(cin, cout, stride)
-        self.bn2 = nn.BatchNorm2d(cout)
+        self.bn2 = BatchNorm2d(cout)
         self.conv2 = _conv3x3(cout, cout)
         self.shortcut = (nn.Conv2d(cin, cout, 1, stride=stride, bias=False)
                          if stride != 1 or cin != cout else None)
@@ -61,11 +113,11 @@ class BasicBlock(nn.Module):
     def __init__(self, cin: int, cout: int, stride: int = 1):
         super().__init__()
         self.conv1 = _conv3x3(cin, cout, stride)
-        self.bn1 = nn.BatchNorm2d(cout)
+        self.bn1 = BatchNorm2d(cout)
         self.conv2 = _conv3x3(cout, cout)
-        self.bn2 = nn.BatchNorm2d(cout)
+        self.bn2 = BatchNorm2d(cout)
         self.shortcut = (nn.Sequential(nn.Conv2d(cin, cout, 1, stride=stride, bias=False),
-                                       nn.BatchNorm2d(cout))
+                                       BatchNorm2d(cout))
                          if stride != 1 or cin != cout else None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -87,7 +139,7 @@ class ResNetEncoder(nn.Module):
                  blocks: Sequence[int] = (2, 2, 2, 2)):
         super().__init__()
         self.conv1 = _conv3x3(3, width)
-        self.bn1 = nn.BatchNorm2d(width)
+        self.bn1 = BatchNorm2d(width)
         stages, cin = [], width
         for k, n in enumerate(blocks):
             cout = width * 2 ** k

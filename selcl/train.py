@@ -30,7 +30,7 @@ from .checkpoint import Checkpointer
 from .device import autocast, compiled, is_cuda, knn_index_for, memory_format, synchronize
 from .evaluate import embed, test_accuracy, weighted_knn_accuracy
 from .memory import KeyQueue, LabelledMemory
-from .models import EMA, build_model
+from .models import EMA, bn_groups, build_model, per_group_sync_bn
 from .pairs import pair_rule
 from .selection import Selection, select
 
@@ -86,7 +86,7 @@ def make_model(model_cfg: dict, num_classes: int, device: torch.device):
     torch.manual_seed(model_cfg["seed"])            # paper: initialisation seed 1
     model = build_model(model_cfg["arch"], num_classes, width=model_cfg["width"],
                         blocks=tuple(model_cfg["blocks"]), proj_dim=model_cfg["proj_dim"])
-    model = dist.sync_batchnorm(model, device)      # DDP on CUDA: BN over the global batch
+    model = per_group_sync_bn(dist.sync_batchnorm(model, device))  # DDP on CUDA: BN over the global batch
     return model.to(device).to(memory_format=memory_format(device))
 
 
@@ -112,14 +112,22 @@ def sgd(model, cfg: dict):
                            weight_decay=cfg["weight_decay"], fused=fused or None)
 
 
+LR_WARMUP_MULTIPLIER = 100   # the ramp starts at lr / 100 (the authors' multiplier)
+
+
 def lr_at(cfg: dict, epoch: int, it: int, iters: int) -> float:
-    """Linear warm-up from lr/100 over `lr_warmup_epochs` (per iteration), then ×lr_decay
-    at each epoch in `lr_decay_epochs` (epochs are 1-based)."""
-    base, warm = cfg["lr"], cfg.get("lr_warmup_epochs", 0)
-    t = (epoch - 1) + it / iters                    # fractional epochs done
-    if t < warm:
-        return base / 100 + (base - base / 100) * t / warm
-    return base * cfg.get("lr_decay", 1.0) ** sum(epoch >= m for m in cfg.get("lr_decay_epochs", []))
+    """The learning rate of iteration `it` (0-based) of global epoch `epoch` (1-based), the
+    authors' GradualWarmupScheduler + MultiStepLR stepped per iteration (SPEC §10.3):
+    with t = (epoch − 1)·iters + it and W = lr_warmup_epochs·iters,
+      t ≤ W:  lr/100 · (99·t/W + 1)                 (linear from lr/100 to lr)
+      t > W:  lr · lr_decay^#{m ∈ lr_decay_epochs : t ≥ m·iters}   (×0.1 *after* epoch m)
+    One schedule spans warm-up and pre-training (global epochs), so 250 epochs with
+    milestones [125, 200] decay from global epochs 126 and 201."""
+    base, mult = cfg["lr"], LR_WARMUP_MULTIPLIER
+    t, W = (epoch - 1) * iters + it, cfg.get("lr_warmup_epochs", 0) * iters
+    if W > 0 and t <= W:
+        return base / mult * ((mult - 1) * t / W + 1)
+    return base * cfg.get("lr_decay", 1.0) ** sum(t >= m * iters for m in cfg.get("lr_decay_epochs", []))
 
 
 def set_lr(opt, lr: float) -> None:
@@ -195,65 +203,39 @@ def _generators(seed: int, device):
 
 # ------------------------------------------------------------------- warm-up (§4)
 def warmup(cfg: dict, data: TrainData, device, ckpt: Checkpointer):
-    """Uns-CL (MoCo): query from view 1 (online), key from view 2 (EMA), negatives
-    from a queue of EMA keys, τ = 0.1. Option `sup_cl`: Sup-CL on all noisy pairs + CE."""
-    wc = cfg["warmup"]
-    model = make_model(cfg["model"], data.num_classes, device)
-    ema = EMA(model, wc["ema"])
-    opt = sgd(model, wc)
-    net = training_forward(model, device, unused_heads=wc["method"] == "uns_cl")
-    ema_net = key_forward(ema)
-    queue = KeyQueue(wc["queue_size"], cfg["model"]["proj_dim"], device)
-    g, np_rng, order = _generators(cfg["model"]["seed"] * 1000 + 1, device)
+    """Global epochs 1..warmup.epochs of the one pre-training run (SPEC §4, §10.3).
+
+    uns_cl (paper): MoCo only, query from view 1 (online), key from view 2 (EMA), negatives
+    from a queue of EMA keys, τ = 0.1; as in the authors' code the labelled memory is
+    already filled with the EMA embeddings of the two mixed views. sup_cl (Table 7):
+    the supervised term on all same-noisy-label pairs (no mixup) + L_CLS on all examples.
+    Optimiser, EMA, queue and memory carry over into pre-training (one run, one schedule)."""
+    wc, pc = cfg["warmup"], cfg["pretrain"]
+    tr = make_pretrainer(cfg, data.num_classes, device, ema_momentum=wc["ema"])
     history, start = [], 1
     state = ckpt.load()
     if state is not None:
-        model.load_state_dict(state["model"]); ema.load_state_dict(state["ema"])
-        opt.load_state_dict(state["opt"]); queue.load_state_dict(state["queue"])
-        _set_rng_state(g, np_rng, state["rng"], order); history = state["history"]; start = state["epoch"] + 1
-    iters = data.n // wc["batch_size"]
-    ramp = {"lr": wc["lr"], "lr_warmup_epochs": wc["epochs"]}   # linear ramp over the warm-up
-    same_label = lambda i, j: data.noisy[i][:, None] == data.noisy[j][None, :]  # noqa: E731
+        tr.load_state_dict(state)
+        history, start = state["history"], state["epoch"] + 1
+    iters = data.n // pc["batch_size"]
+    everyone = torch.arange(data.n, device=device)
+    same_label = pair_rule(None, data.noisy, data.clean, selected_sets="all")
     for epoch in _progress(range(start, wc["epochs"] + 1), "warm-up", total=wc["epochs"], initial=start - 1):
-        model.train(); ema.model.train()
-        sums = {"loss": torch.zeros((), device=device)}
-        for it, idx in enumerate(_batches(data.n, wc["batch_size"], order, device)):
-            set_lr(opt, lr_at(ramp, epoch, it, iters))
-            x = data.x[idx]
-            v1, v2 = _views(x, g, data, n=2)
-            with autocast(device):
-                q, logits = net(v1)
-                with torch.no_grad():
-                    k, _ = ema_net(v2)
-            q, k = q.float(), k.float().detach()
+        tr.model.train(); tr.ema.model.train()
+        sums: dict = {}
+        for it, idx in enumerate(_batches(data.n, pc["batch_size"], tr.order, device)):
+            set_lr(tr.opt, lr_at(pc, epoch, it, iters))
             if wc["method"] == "uns_cl":
-                loss = losses.moco_loss(q, k, queue.keys, wc["temperature"])
-            else:  # Sup-CL warm-up (Table 7): all same-noisy-label pairs + CE
-                with autocast(device):
-                    q2, logits2 = net(v2)
-                anchors = torch.cat([q, q2.float()])
-                ids = torch.cat([idx, idx])
-                lam = torch.ones(len(ids), device=device)
-                per_anchor, _ = losses.selective_contrastive_loss(
-                    anchors, ids, ids, lam, dist.gather_with_grad(anchors), dist.gather(ids), same_label,
-                    torch.cat([k, k]), torch.cat([k, k]), queue.keys, wc["temperature"],
-                    self_offset=dist.offset(len(ids)))
-                loss = per_anchor.mean() + 0.5 * (F.cross_entropy(logits.float(), data.noisy[idx])
-                                                  + F.cross_entropy(logits2.float(), data.noisy[idx]))
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            ema.update(model)
-            queue.enqueue(dist.gather(k))         # the whole global batch's keys, on every rank
-            sums["loss"] += loss.detach()
-        history.append({"epoch": epoch, "loss": float(dist.average(sums["loss"])) / max(iters, 1),
-                        "lr": opt.param_groups[0]["lr"]})
-        ckpt.maybe_save(epoch, wc["epochs"], lambda: {
-            "model": model.state_dict(), "ema": ema.state_dict(), "opt": opt.state_dict(),
-            "queue": queue.state_dict(), "rng": _rng_state(g, np_rng, order), "history": history,
-            "epoch": epoch})
-    return {"model": model.state_dict(), "ema": ema.state_dict(), "queue": queue.state_dict(),
-            "history": history}
+                out = tr.uns_step(data, idx)
+            else:
+                out = tr.step(data, idx, same_label, everyone, read_memory=False, supervised_warmup=True)
+            for k, v in out.items():
+                sums[k] = sums.get(k, 0.0) + v
+        row = {"epoch": epoch, "lr": tr.opt.param_groups[0]["lr"]}
+        row.update({k: float(dist.average(torch.as_tensor(v))) / max(iters, 1) for k, v in sums.items()})
+        history.append(row)
+        ckpt.maybe_save(epoch, wc["epochs"], lambda: {**tr.state_dict(), "history": history, "epoch": epoch})
+    return {**tr.state_dict(), "history": history}
 
 
 # ------------------------------------------------------------- selection (§5)
@@ -272,162 +254,232 @@ def _selection_log(sel: Selection) -> dict:
             for k, v in sel.stats.items() if not isinstance(v, (list, dict, np.ndarray, torch.Tensor))}
 
 
-# -------------------------------------------------------------- pre-training (§6)
+# ---------------------------------------------------- pre-training (§6, §10.2)
 @dataclass
 class Pretrainer:
-    """The mutable state of Sel-CL pre-training; `step` is one iteration of SPEC §6."""
+    """The mutable state of Sel-CL pre-training (and of the warm-up, its first epoch).
+    `step` is one iteration of SPEC §10.2, `uns_step` one Uns-CL warm-up iteration."""
     model: torch.nn.Module
     ema: EMA
     opt: torch.optim.Optimizer
-    queue: KeyQueue                 # MoCo keys for the unsupervised fallback
-    memory: LabelledMemory          # EMA embeddings + probabilities + dataset index
+    queue: KeyQueue                 # MoCo keys: negatives of u_i
+    memory: LabelledMemory          # EMA embeddings + probabilities + dataset index (mixed views)
     g: torch.Generator
     np_rng: np.random.Generator
     pc: dict
     net: torch.nn.Module | None = None   # training forward of `model` (DDP / CUDA graphs); None: model
     ema_net: torch.nn.Module | None = None  # forward of the EMA network; None: ema.model
     order: torch.Generator | None = None  # batch order (DDP: same on all ranks); None: `g`
+    uns_temperature: float = 0.1    # τ of the MoCo loss u_i (warmup.temperature; the authors' uns_t)
 
     def __post_init__(self):
         self.net = self.net if self.net is not None else self.model
         self.ema_net = self.ema_net if self.ema_net is not None else self.ema.model
         self.order = self.order if self.order is not None else self.g
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
 
-    def mixup(self, B: int, device):
-        """λ ~ Beta(1,1), λ = max(λ, 1−λ), partner by random permutation (identity if off)."""
-        if self.pc["mixup"]:
+    def mixup(self, B: int, device, on: bool = True):
+        """λ ~ Beta(1,1), λ = max(λ, 1−λ), partner by random permutation (λ = 1 and the
+        identity when mixup is off: the partner part then weighs 0)."""
+        if on and self.pc["mixup"]:
             return losses.mixup_params(B, self.g, device)
-        return 1.0, torch.arange(B, device=device)
+        return torch.ones((), device=device), torch.arange(B, device=device)
 
-    def step(self, data: "TrainData", idx: torch.Tensor, rule, T_idx: torch.Tensor,
-             use_memory: bool) -> dict:
-        """L = L_MIX + λ_c·L_CLS + λ_s·L_SIM on the batch `idx`; returns detached parts."""
-        pc, net, g, device = self.pc, self.net, self.g, idx.device
-        B = idx.shape[0]
-        x = data.x[idx]
-        v1, v2 = _views(x, g, data, n=2)
-        # Mixup on each view separately (own λ and partner per view).
+    def _online(self, parts: list):
+        """One online call (with gradient) on the concatenated `parts`, each part its own
+        BatchNorm batch, exactly as the authors' separate calls (models.bn_groups), while
+        the convolutions run once on the whole batch."""
+        with autocast(parts[0].device), bn_groups(self.model, len(parts)):
+            z, logits = self.net(torch.cat(parts) if len(parts) > 1 else parts[0])
+        return z.float(), logits.float()
+
+    @torch.no_grad()
+    def _ema(self, parts: list):
+        """The same for the EMA network, without gradient (BatchNorm: batch statistics)."""
+        with autocast(parts[0].device), bn_groups(self.ema.model, len(parts)):
+            z, logits = self.ema_net(torch.cat(parts))
+        return z.float(), logits.float()
+
+    def _remember(self, z_ema_mix: torch.Tensor, p_ema_mix: torch.Tensor, idx: torch.Tensor) -> None:
+        # Queue and memory get the whole global batch, in rank order, on every rank.
+        self.memory.enqueue(dist.gather(z_ema_mix), dist.gather(p_ema_mix), dist.gather(torch.cat([idx, idx])))
+
+    def uns_step(self, data: "TrainData", idx: torch.Tensor) -> dict:
+        """Uns-CL warm-up iteration (SPEC §4; the authors' `train_uns`): MoCo on the
+        un-mixed views; the memory receives the EMA entries of the two mixed views."""
+        B, device = idx.shape[0], idx.device
+        v1, v2 = _views(data.x[idx], self.g, data, n=2)
         (lam1, p1), (lam2, p2) = self.mixup(B, device), self.mixup(B, device)
         m1, m2 = losses.mix(v1, lam1, p1), losses.mix(v2, lam2, p2)
-        with autocast(device):
-            z_q, logits_q = net(torch.cat([m1, m2]))              # anchors: online, mixed views
-            with torch.no_grad():
-                z_k, logits_k = self.ema_net(torch.cat([v1, v2]))  # keys: EMA, un-mixed views
-        z_q, z_k, logits_q = z_q.float(), z_k.float().detach(), logits_q.float()
-        k1, k2 = z_k[:B], z_k[B:]
-        anchor_ids = torch.cat([idx, idx])                        # dominant example of each anchor
-        partner_rows = torch.cat([p1, p2 + B])                    # the partner is itself an anchor
-        partner_ids = anchor_ids[partner_rows]
-        lam = torch.cat([torch.as_tensor(lam1, dtype=torch.float32, device=device).expand(B),
-                         torch.as_tensor(lam2, dtype=torch.float32, device=device).expand(B)])
-        keys = torch.cat([k2, k1])                                # positive key: the other, un-mixed view
-        partner_keys = keys[partner_rows]
-        mem = use_memory and len(self.memory.ids) > 0
-        # Candidates: the anchors of the whole (global) batch, then the memory. Under DDP
-        # this rank's anchors start at row `off` of the gathered anchors.
-        z_all, ids_all, off = dist.gather_with_grad(z_q), dist.gather(anchor_ids), dist.offset(2 * B)
-        cands = torch.cat([z_all, self.memory.feats]) if mem else z_all
-        cand_ids = torch.cat([ids_all, self.memory.ids]) if mem else ids_all
-        # (i, j) ∈ G for dominant and partner rows, built once for L_MIX and L_SIM.
-        masks = losses.pair_masks(anchor_ids, partner_ids, cand_ids, rule.in_G, partner_rows)
-        per_anchor, fallback = losses.selective_contrastive_loss(
-            z_q, anchor_ids, partner_ids, lam, cands, cand_ids, None, keys, partner_keys,
-            self.queue.keys, pc["temperature"], masks=masks, self_offset=off)
-        l_mix = per_anchor.mean()
-        loss, out = l_mix, {"l_mix": l_mix.detach(), "fallback": fallback}
-        if pc["classifier"] and pc["lambda_cls"] > 0 and len(T_idx):
-            # L_CLS: a separate mini-batch drawn with replacement from T, two strong views, mixup.
-            ic = T_idx[torch.randint(len(T_idx), (B,), generator=g, device=device)]
-            xc = data.x[ic]
-            c1, c2 = _views(xc, g, data, n=2)
-            lc, pcm = self.mixup(B, device)
-            with autocast(device):
-                _, logits_c = net(losses.mix(torch.cat([c1, c2]), lc, torch.cat([pcm, pcm + B])))
+        q, _ = self._online([v1])
+        zk, logits_k = self._ema([v2, m1, m2])
+        loss = losses.moco_loss(q, zk[:B], self.queue.keys, self.uns_temperature)
+        self._apply(loss)
+        self.queue.enqueue(dist.gather(zk[:B]))
+        self._remember(zk[B:], logits_k[B:].softmax(1), idx)
+        return {"loss": loss.detach()}
+
+    def step(self, data: "TrainData", idx: torch.Tensor, rule, T_idx: torch.Tensor,
+             read_memory: bool, supervised_warmup: bool = False) -> dict:
+        """One Sel-CL iteration, SPEC §10.2 (the authors' `train_sel`):
+
+          u_i    MoCo loss of the un-mixed view 1 against the key queue            (1)
+          L_sel  mean_i(s_i·u_i) + batch term + memory term                        (4, 5)
+          L_SIM  batch term + memory term; its gradient clipped to norm 0.25       (6)
+          L_CLS  mixup CE on a batch drawn with replacement from T, λ per view     (7)
+          update g = clip(∇λ_s·L_SIM) + ∇(L_sel + λ_c·L_CLS), then the EMA
+
+        supervised_warmup: the Sup-CL warm-up of Table 7 (the authors' `train_sup`): no
+        mixup, no u_i, no L_SIM; `rule` = all same-label pairs, T = everyone."""
+        pc, device = self.pc, idx.device
+        B = idx.shape[0]
+        mixup_on = not supervised_warmup
+        v1, v2 = _views(data.x[idx], self.g, data, n=2)
+        (lam1, p1), (lam2, p2) = self.mixup(B, device, mixup_on), self.mixup(B, device, mixup_on)
+        m1, m2 = losses.mix(v1, lam1, p1), losses.mix(v2, lam2, p2)
+        use_cls = pc["classifier"] and pc["lambda_cls"] > 0 and len(T_idx) > 0
+        if use_cls:   # L_CLS batch: drawn with replacement from T, two strong views, mixup per view
+            ic = T_idx[torch.randint(len(T_idx), (B,), generator=self.g, device=device)]
+            c1, c2 = _views(data.x[ic], self.g, data, n=2)
+            (lc1, pc1), (lc2, pc2) = self.mixup(B, device, mixup_on), self.mixup(B, device, mixup_on)
+        # Online: v1 (for u_i), mixed view 1, mixed view 2 in one call, then the two L_CLS
+        # views in another (the authors' order of BatchNorm updates). Two calls, not one:
+        # the separate gradient of L_SIM then only runs back through the first (3B rows).
+        # EMA: un-mixed v2 (the MoCo key), mixed view 1, mixed view 2.
+        z, logits = self._online([v1, m1, m2])
+        if use_cls:
+            _, logits_cls = self._online([losses.mix(c1, lc1, pc1), losses.mix(c2, lc2, pc2)])
+        zk, logits_k = self._ema([v2, m1, m2])
+        q, z_mix, logits_mix = z[:B], z[B:], logits[B:]
+        k, z_ema_mix, p_ema_mix = zk[:B], zk[B:], logits_k[B:].softmax(1)
+        u = losses.moco_loss(q, k, self.queue.keys, self.uns_temperature, reduction="none")  # (1), queue before this batch
+        self._remember(z_ema_mix, p_ema_mix, idx)           # (3) the memory holds the current batch
+
+        lam = torch.cat([lam1.expand(B), lam2.expand(B)]).float()
+        anchor_ids = torch.cat([idx, idx])                  # dominant example of each anchor
+        p_mix = logits_mix.softmax(1)
+        # (4) batch term: candidates = the 2B online mixed embeddings of the (global) batch;
+        # memory term: the whole memory (EMA), read from memory_start_epoch
+        own = dist.offset(2 * B) + torch.arange(2 * B, device=device)
+        cand_ids = dist.gather(anchor_ids)
+        batch = losses.Candidates(dist.gather_with_grad(z_mix), dist.gather_with_grad(p_mix), cand_ids,
+                                  torch.ones_like(cand_ids, dtype=torch.bool), own)
+        memory = None
+        if read_memory and pc["memory"] and len(self.memory) > 0:
+            memory = losses.Candidates(self.memory.feats, self.memory.probs, self.memory.ids,
+                                       self.memory.current_mask(), self.memory.current[0] + own)
+        use_sim = pc["classifier"] and pc["sim_loss"] and pc["lambda_sim"] > 0 and not supervised_warmup
+        L = losses.selective_losses(z_mix, p_mix, None if supervised_warmup else u, lam, anchor_ids,
+                                    torch.cat([p1, p2 + B]), rule.in_G, batch, memory,
+                                    pc["temperature"], similarity=use_sim)
+        loss, l_sim = L["l_sel"], L["l_sim"]
+        out = {"l_sel": loss.detach(), "fallback": L["s"].mean()}
+        if use_cls:                                                               # (7)
             yc = data.noisy[ic]
-            l_cls = losses.mixup_cross_entropy(logits_c.float(), torch.cat([yc, yc]),
-                                               torch.cat([yc[pcm], yc[pcm]]), lc)
+            lc = torch.cat([lc1.expand(B), lc2.expand(B)]).float()
+            l_cls = losses.mixup_cross_entropy(logits_cls, torch.cat([yc, yc]),
+                                               torch.cat([yc[pc1], yc[pc2]]), lc)
             loss = loss + pc["lambda_cls"] * l_cls
             out["l_cls"] = l_cls.detach()
-        if pc["classifier"] and pc["sim_loss"] and pc["lambda_sim"] > 0:
-            # L_SIM: BCE between p_i·p_j and [(i,j) ∈ G] over batch and memory (EMA probabilities).
-            p_anchor = logits_q.softmax(1)
-            p_all = dist.gather_with_grad(p_anchor)
-            p_cands = torch.cat([p_all, self.memory.probs]) if mem else p_all
-            l_sim = losses.similarity_loss(p_anchor, p_cands, anchor_ids, partner_ids, lam, cand_ids,
-                                           None, masks=masks, self_offset=off)
-            loss = loss + pc["lambda_sim"] * l_sim
+        self._apply(loss, pc["lambda_sim"] * l_sim if use_sim else None)
+        self.queue.enqueue(dist.gather(k))                  # (1) after the step: u_i saw the old keys
+        if use_sim:
             out["l_sim"] = l_sim.detach()
-        self.opt.zero_grad(set_to_none=True)
-        loss.backward()
-        self.opt.step()
-        self.ema.update(self.model)
-        # queue and memory get the whole global batch, in rank order, on every rank
-        self.queue.enqueue(dist.gather(torch.cat([k1, k2])))
-        self.memory.enqueue(dist.gather(z_k), dist.gather(logits_k.float().softmax(1)), ids_all)
         out["loss"] = loss.detach()
         return out
+
+    def _apply(self, loss: torch.Tensor, sim: torch.Tensor | None = None) -> None:
+        """One SGD step. With `sim` (λ_s·L_SIM), its gradient is computed first, averaged
+        over ranks, clipped to a total norm of 0.25 (as `clip_grad_norm_`), and added
+        to the gradient of `loss` (SPEC §10.2.6); then the EMA update."""
+        self.opt.zero_grad(set_to_none=True)
+        g_sim = None
+        if sim is not None:
+            # autograd.grad, not backward: the DDP reducer sees only the main backward.
+            g_sim = torch.autograd.grad(sim, self.params, retain_graph=True, allow_unused=True)
+            g_sim = [torch.zeros_like(p) if g is None else g for p, g in zip(self.params, g_sim)]
+            dist.average_(g_sim)
+            norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in g_sim]))
+            torch._foreach_mul_(g_sim, torch.clamp(SIM_MAX_NORM / (norm + 1e-6), max=1.0))
+        loss.backward()
+        if g_sim is not None:
+            for p, g in zip(self.params, g_sim):
+                if p.grad is None:
+                    p.grad = g
+                else:
+                    p.grad.add_(g)
+        self.opt.step()
+        self.ema.update(self.model)
 
     def state_dict(self) -> dict:
         return {"model": self.model.state_dict(), "ema": self.ema.state_dict(),
                 "opt": self.opt.state_dict(), "queue": self.queue.state_dict(),
                 "memory": self.memory.state_dict(), "rng": _rng_state(self.g, self.np_rng, self.order)}
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_state_dict(self, state: dict, rng: bool = True) -> None:
         self.model.load_state_dict(state["model"]); self.ema.load_state_dict(state["ema"])
         self.opt.load_state_dict(state["opt"]); self.queue.load_state_dict(state["queue"])
         self.memory.load_state_dict(state["memory"])
-        _set_rng_state(self.g, self.np_rng, state["rng"], self.order)
+        if rng:
+            _set_rng_state(self.g, self.np_rng, state["rng"], self.order)
 
 
-def make_pretrainer(cfg: dict, num_classes: int, device, warm: dict | None = None) -> Pretrainer:
+# What the warm-up reads of the `pretrain` section (one loader, one optimiser, one lr
+# schedule, the memory's size, the mixup switch; Sup-CL also L_CLS): its fingerprint, so
+# that an α / β / K sweep keeps the warm-up.
+WARMUP_PRETRAIN_KEYS = ("batch_size", "lr", "lr_warmup_epochs", "lr_decay_epochs", "lr_decay", "momentum",
+                        "weight_decay", "queue_per_class", "mixup", "temperature", "lambda_cls", "classifier")
+SIM_MAX_NORM = 0.25     # the authors clip the gradient of λ_s·L_SIM to this total norm
+
+
+def make_pretrainer(cfg: dict, num_classes: int, device, warm: dict | None = None,
+                    ema_momentum: float | None = None) -> Pretrainer:
+    """The pre-training state: fresh (warm-up), or continued from the warm-up's output
+    (model, EMA, optimiser, queue, memory: one run, as the authors' script)."""
     pc = cfg["pretrain"]
     model = make_model(cfg["model"], num_classes, device)
-    if warm is not None:
-        model.load_state_dict(warm["model"])
-    ema = EMA(model, pc["ema"])
-    if warm is not None:
-        ema.load_state_dict(warm["ema"])
+    ema = EMA(model, pc["ema"] if ema_momentum is None else ema_momentum)
     queue = KeyQueue(cfg["warmup"]["queue_size"], cfg["model"]["proj_dim"], device)
-    if warm is not None:
-        queue.load_state_dict(warm["queue"])
     memory = LabelledMemory(pc["queue_per_class"] * num_classes * 2, cfg["model"]["proj_dim"],
                             num_classes, device)
     g, np_rng, order = _generators(cfg["model"]["seed"] * 1000 + 2, device)
-    return Pretrainer(model, ema, sgd(model, pc), queue, memory, g, np_rng, pc,
-                      net=training_forward(model, device, unused_heads=not _classifier_every_step(pc)),
-                      ema_net=key_forward(ema), order=order)
-
-
-def _classifier_every_step(pc: dict) -> bool:
-    """L_SIM uses the classifier head in every step (L_CLS may skip a step when T is empty)."""
-    return bool(pc["classifier"] and pc["sim_loss"] and pc["lambda_sim"] > 0)
+    tr = Pretrainer(model, ema, sgd(model, pc), queue, memory, g, np_rng, pc,
+                    net=training_forward(model, device, unused_heads=not pc["classifier"]),
+                    ema_net=key_forward(ema), order=order, uns_temperature=cfg["warmup"]["temperature"])
+    if warm is not None:
+        tr.load_state_dict(warm)          # random streams continue too: one run
+        tr.ema.momentum = float(pc["ema"])
+    return tr
 
 
 def pretrain(cfg: dict, data: TrainData, warm: dict, device, ckpt: Checkpointer):
-    """Sel-CL pre-training: L = L_MIX + λ_c·L_CLS + λ_s·L_SIM, selection after every epoch."""
+    """Sel-CL pre-training, global epochs warmup.epochs + 1 .. pretrain.epochs (SPEC §10.3),
+    selection after every epoch (the first one from the warm-up's network)."""
     pc, C = cfg["pretrain"], data.num_classes
+    first = cfg["warmup"]["epochs"] + 1
     tr = make_pretrainer(cfg, C, device, warm)
-    history, timing, start = [], [], 1
+    history, timing, start = [], [], first
     state = ckpt.load()
     if state is not None:
         tr.load_state_dict(state)
         history, start = state["history"], state["epoch"] + 1
         selection = Selection.from_state_dict(state["selection"], device=device)
     else:
-        selection = run_selection(tr.model, data, pc, epoch=0)   # selection after the warm-up
+        selection = run_selection(tr.model, data, pc, epoch=first - 1)   # selection after the warm-up
     iters = data.n // pc["batch_size"]
-    bar = _progress(range(start, pc["epochs"] + 1), "pre-train", total=pc["epochs"], initial=start - 1)
+    bar = _progress(range(start, pc["epochs"] + 1), "pre-train", total=pc["epochs"] - first + 1,
+                    initial=start - first)
     for epoch in bar:
         rule = pair_rule(selection, data.noisy, data.clean, selected_sets=pc["selected_sets"],
                          use_selection=pc["selection"])
         T_idx = torch.nonzero(rule.examples).squeeze(1)
-        use_memory = pc["memory"] and epoch >= pc["memory_start_epoch"]
+        read_memory = pc["memory"] and epoch >= pc["memory_start_epoch"]
         tr.model.train(); tr.ema.model.train()     # EMA BatchNorm: batch statistics (§2)
         sums: dict = {}
         t0 = time.perf_counter()
         for it, idx in enumerate(_batches(data.n, pc["batch_size"], tr.order, device)):
             set_lr(tr.opt, lr_at(pc, epoch, it, iters))
-            for k, v in tr.step(data, idx, rule, T_idx, use_memory).items():
+            for k, v in tr.step(data, idx, rule, T_idx, read_memory).items():
                 sums[k] = sums.get(k, 0.0) + v     # tensors stay on the device: no sync per step
         synchronize(device)
         t1 = time.perf_counter()
@@ -502,15 +554,17 @@ def _train_classifier(model, data: TrainData, idx_pool: torch.Tensor, tc: dict, 
                 with autocast(device):
                     _, logits = net(losses.mix(v, lam, perm))
                 logits = logits.float()
-                if bootstrap > 0 and bootstrap_start is not None and epoch > bootstrap_start:
-                    # hard bootstrapping: z = argmax of the prediction on the un-augmented image
-                    with torch.no_grad():
-                        model.eval()
-                        with autocast(device):
-                            _, clean_logits = model(augment.normalize(x, data.mean, data.std)
-                                                    .contiguous(memory_format=memory_format(device)))
-                        model.train()
+                if bootstrap > 0:
+                    # Bootstrapping target: a train-mode forward of the un-augmented image at
+                    # every iteration, after the mixed one (the authors' loop; it also updates
+                    # the BatchNorm running statistics), z = argmax, no gradient (SPEC §10.3).
+                    # The eager `model` (same weights): a CUDA-graph replay between the
+                    # graphed forward and its backward would force cudagraph trees off.
+                    with torch.no_grad(), autocast(device):
+                        _, clean_logits = model(augment.normalize(x, data.mean, data.std)
+                                              .contiguous(memory_format=memory_format(device)))
                     zb = clean_logits.float().argmax(1)
+                if bootstrap > 0 and bootstrap_start is not None and epoch > bootstrap_start:
                     loss = losses.mixup_bootstrap_loss(logits, y, y[perm], zb, zb[perm], lam, bootstrap)
                 else:
                     loss = losses.mixup_cross_entropy(logits, y, y[perm], lam)

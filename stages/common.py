@@ -29,8 +29,9 @@ from selcl.noise import NoiseError  # noqa: E402
 
 EXIT_BAD_INPUT = 2   # bad params / missing or corrupt input / full disk: one line on stderr
 EXIT_OOM = 3         # CUDA out of memory: the line names the batch size to lower
-BATCH_SIZE_SECTIONS = ("warmup", "pretrain", "finetune", "baseline")   # stage = its params section
-DDP_STAGES = BATCH_SIZE_SECTIONS        # the training loops, which run under torchrun
+BATCH_SIZE_SECTIONS = ("pretrain", "finetune", "baseline")   # stage = its params section ...
+BATCH_SECTION = {"warmup": "pretrain"}  # ... except the warm-up, which runs on pre-training's loader
+DDP_STAGES = ("warmup", *BATCH_SIZE_SECTIONS)   # the training loops, which run under torchrun
 
 
 class StageError(RuntimeError):
@@ -98,7 +99,7 @@ def relaunch_under_torchrun() -> None:
     if int(nproc) > 1:
         # Check what can be checked before starting N processes: bad params then give one
         # line from this process instead of N lines and torchrun's failure report.
-        section = Path(sys.argv[0]).stem
+        section = BATCH_SECTION.get(Path(sys.argv[0]).stem, Path(sys.argv[0]).stem)
         check_batch_split(load(setting_from_argv()), section, int(nproc))
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                f"--nproc_per_node={nproc}", sys.argv[0], *sys.argv[1:]]
@@ -120,8 +121,8 @@ def main(fn) -> None:
     except torch.cuda.OutOfMemoryError:
         stage = Path(sys.argv[0]).stem
         name = sys.argv[1] if len(sys.argv) > 1 else "<setting>"
-        if stage in BATCH_SIZE_SECTIONS:
-            fix = f"lower `settings.{name}.{stage}.batch_size` in params.yaml (or free the GPU)"
+        if stage in DDP_STAGES:
+            fix = f"lower `settings.{name}.{BATCH_SECTION.get(stage, stage)}.batch_size` in params.yaml (or free the GPU)"
         else:   # e.g. evaluate embeds in fixed chunks: no parameter of its own to lower
             fix = "free GPU memory (other processes on the GPU) and rerun"
         print(f"error: CUDA out of memory in stage {stage}: {fix}", file=sys.stderr)
@@ -145,7 +146,7 @@ def check_batch_split(cfg: dict, section: str, nproc: int) -> None:
                          f"{nproc} torchrun processes (SELCL_NPROC)")
 
 
-def check_sizes(cfg: dict, n_train: int, sections=("warmup", "pretrain", "finetune", "baseline")) -> None:
+def check_sizes(cfg: dict, n_train: int, sections=("pretrain", "finetune", "baseline")) -> None:
     """Batch sizes and K must fit the training set: say which key, before any work."""
     name = cfg["name"]
     for section in sections:

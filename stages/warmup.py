@@ -1,8 +1,9 @@
-"""Stage `warmup@<setting>`: Uns-CL warm-up (SPEC §4) → runs/<setting>/warmup.pt."""
+"""Stage `warmup@<setting>`: Uns-CL warm-up (SPEC §4), the first global epoch(s) of the
+pre-training run (same loader, optimiser and lr schedule, §10.3) → runs/<setting>/warmup.pt."""
 from common import check_sizes, load, main, require_device, run_dir, write_history
 
 from selcl import checkpoint, dist
-from selcl.train import TrainData, warmup
+from selcl.train import WARMUP_PRETRAIN_KEYS, TrainData, warmup
 
 
 def run(name: str) -> None:
@@ -10,8 +11,10 @@ def run(name: str) -> None:
     device = require_device(cfg)
     out = run_dir(name)
     data = TrainData.load(out, device)
-    check_sizes(cfg, data.n, ("warmup",))
-    fp = checkpoint.fingerprint("warmup", cfg["model"], cfg["warmup"], checkpoint.file_digest(out / "labels.npz"))
+    check_sizes(cfg, data.n, ("pretrain",))   # one loader, one optimiser for both stages
+    reads = {k: cfg["pretrain"][k] for k in WARMUP_PRETRAIN_KEYS}   # not α, β, K: a sweep keeps the warm-up
+    fp = checkpoint.fingerprint("warmup", cfg["model"], cfg["warmup"], reads,
+                                checkpoint.file_digest(out / "labels.npz"))
     ckpt = checkpoint.Checkpointer(out / "ckpt" / "warmup.pt", fp, cfg["warmup"]["checkpoint_every"])
     state = warmup(cfg, data, device, ckpt)
     if not dist.is_main():      # torchrun: rank 0 writes the outputs

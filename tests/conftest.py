@@ -32,7 +32,7 @@ TINY = {
     "data": {"dataset": "digits", "subset": 20},                  # 200 training images
     "noise": {"kind": "sym", "rate": 0.4},
     "model": {"arch": "small", "width": 8, "blocks": [1]},
-    "warmup": {"batch_size": 32, "queue_size": 64},
+    "warmup": {"queue_size": 64},
     "pretrain": {"epochs": 4, "batch_size": 32, "lr_warmup_epochs": 1, "lr_decay_epochs": [3],
                  "k": 10, "queue_per_class": 4, "memory_start_epoch": 2, "checkpoint_every": 1},
     "finetune": {"epochs": 2, "batch_size": 32, "bootstrap_start": 1, "eval_last": 1,

@@ -26,7 +26,7 @@ pytestmark = pytest.mark.slow
 TINY = {
     "data": {"dataset": "digits", "subset": 12},
     "model": {"arch": "small", "width": 8, "blocks": [1]},
-    "warmup": {"batch_size": 32, "queue_size": 64},
+    "warmup": {"queue_size": 64},
     "pretrain": {"epochs": 2, "batch_size": 32, "lr_decay_epochs": [], "k": 5, "queue_per_class": 4,
                  "memory_start_epoch": 2, "checkpoint_every": 1},
     "finetune": {"epochs": 2, "batch_size": 32, "lr": 0.01, "bootstrap_start": 1, "eval_last": 1,
