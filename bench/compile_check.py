@@ -53,10 +53,10 @@ def run(cfg, data, steps: int, compile_on: bool, device, n: int, B: int, perturb
     iters = n // B
     for it in range(steps):
         set_lr(tr.opt, lr_at(cfg["pretrain"], 1, it, iters))     # epoch 1's linear warm-up
-        idx = torch.randint(0, n, (B,), generator=gen, device=device)
+        idx = torch.randperm(n, generator=gen, device=device)[:B]
         synchronize(device)
         t = time.perf_counter()
-        out = tr.step(data, idx, rule, T_idx, use_memory=True)
+        out = tr.step(data, idx, rule, T_idx, read_memory=True)
         synchronize(device)
         times.append(time.perf_counter() - t)
         losses.append(float(out["loss"]))

@@ -81,10 +81,10 @@ def main() -> None:
     rule = pair_rule(sel, data.noisy, data.clean, selected_sets="T_G1_G2")
     T_idx = rule.examples.nonzero().squeeze(1)
     gen = torch.Generator(device=device).manual_seed(0)
-    batch = lambda: torch.randint(0, args.n, (args.batch,), generator=gen, device=device)  # noqa: E731
+    batch = lambda: torch.randperm(args.n, generator=gen, device=device)[:args.batch]  # noqa: E731  (distinct, as an epoch)
     while len(tr.memory.ids) < tr.memory.size:          # fill the memory as in steady state
-        tr.step(data, batch(), rule, T_idx, use_memory=True)
-    t_sel = timed(lambda: tr.step(data, batch(), rule, T_idx, use_memory=True), args.iters, device)
+        tr.step(data, batch(), rule, T_idx, read_memory=True)
+    t_sel = timed(lambda: tr.step(data, batch(), rule, T_idx, read_memory=True), args.iters, device)
 
     # Plain CE step: same network, batch, device; weak augmentation, one pass.
     model = make_model(cfg["model"], args.classes, device)

@@ -99,18 +99,22 @@ def memory_format(device: torch.device) -> torch.memory_format:
     return torch.channels_last if is_cuda(device) else torch.contiguous_format
 
 
-def compiled(model: torch.nn.Module) -> torch.nn.Module:
+def compiled(model: torch.nn.Module, cuda_graphs: bool = True) -> torch.nn.Module:
     """The callable for a model's *training* forward passes: on CUDA,
     torch.compile(mode="reduce-overhead"), so the forward and backward of each
     fixed-shape training batch replay as CUDA graphs (one launch instead of hundreds).
     The eager step is launch-bound (~1,000 small kernels per pre-training step);
     graphs cut it from 19.1 to 11.4 ms on an H200 (bench/step.py, bench/compile_check.py).
     Shares `model`'s parameters and state_dict; evaluation and other shapes call `model`
-    itself. Identity on the CPU and when SELCL_COMPILE=0; never changes a tracked param."""
+    itself. Identity on the CPU and when SELCL_COMPILE=0; never changes a tracked param.
+
+    cuda_graphs=False: Inductor's fused kernels ("default" mode) without CUDA graphs, for a network whose
+    graph is back-propagated twice (Sel-CL's clipped L_SIM gradient uses retain_graph,
+    which graph replay does not support)."""
     device = next(model.parameters()).device
     if not is_cuda(device) or os.environ.get("SELCL_COMPILE", "1").lower() in ("0", "false", "no"):
         return model
-    return torch.compile(model, mode="reduce-overhead")
+    return torch.compile(model, mode="reduce-overhead" if cuda_graphs else "default")
 
 
 def synchronize(device: torch.device) -> None:

@@ -90,12 +90,13 @@ def make_model(model_cfg: dict, num_classes: int, device: torch.device):
     return model.to(device).to(memory_format=memory_format(device))
 
 
-def training_forward(model, device, unused_heads: bool = False):
+def training_forward(model, device, unused_heads: bool = False, cuda_graphs: bool = True):
     """What the training loops call for forward passes with gradient: DDP under torchrun,
-    else (CUDA) the CUDA-graphed compile of `model`, else `model` itself."""
+    else (CUDA) the compiled `model` (CUDA-graphed unless `cuda_graphs` is False: a graph
+    back-propagated twice), else `model` itself."""
     if dist.world_size() > 1:
         return dist.wrap(model, device, unused_heads=unused_heads)
-    return compiled(model)
+    return compiled(model, cuda_graphs=cuda_graphs)
 
 
 def key_forward(ema: EMA):
@@ -432,6 +433,11 @@ WARMUP_PRETRAIN_KEYS = ("batch_size", "lr", "lr_warmup_epochs", "lr_decay_epochs
 SIM_MAX_NORM = 0.25     # the authors clip the gradient of λ_s·L_SIM to this total norm
 
 
+def _clips_sim(pc: dict) -> bool:
+    """L_SIM is on, so each step back-propagates the online graph twice (retain_graph)."""
+    return bool(pc["classifier"] and pc["sim_loss"] and pc["lambda_sim"] > 0)
+
+
 def make_pretrainer(cfg: dict, num_classes: int, device, warm: dict | None = None,
                     ema_momentum: float | None = None) -> Pretrainer:
     """The pre-training state: fresh (warm-up), or continued from the warm-up's output
@@ -444,7 +450,8 @@ def make_pretrainer(cfg: dict, num_classes: int, device, warm: dict | None = Non
                             num_classes, device)
     g, np_rng, order = _generators(cfg["model"]["seed"] * 1000 + 2, device)
     tr = Pretrainer(model, ema, sgd(model, pc), queue, memory, g, np_rng, pc,
-                    net=training_forward(model, device, unused_heads=not pc["classifier"]),
+                    net=training_forward(model, device, unused_heads=not pc["classifier"],
+                                         cuda_graphs=not _clips_sim(pc)),
                     ema_net=key_forward(ema), order=order, uns_temperature=cfg["warmup"]["temperature"])
     if warm is not None:
         tr.load_state_dict(warm)          # random streams continue too: one run

@@ -1,8 +1,8 @@
 """Scale-out: torchrun DDP on the CPU (gloo, 2 processes), and one GPU per queue worker.
 
-* The gathered L_MIX + L_SIM: each rank's loss over its own anchors against the
-  candidates of all ranks, gradients averaged as DDP does, equals the one-process
-  gradient of the whole batch.
+* The gathered L_sel + L_SIM (batch and memory terms): each rank's loss over its own
+  anchors against the candidates of all ranks, gradients averaged as DDP does, equals
+  the one-process gradient of the whole batch.
 * The training stages under `SELCL_NPROC=2` (torchrun re-launch): warm-up,
   pre-training, fine-tuning and the CE baseline run, every rank computes the same
   selection (the loop checks it every epoch and fails otherwise), rank 0 writes the
@@ -35,44 +35,44 @@ GRAD_DRIVER = textwrap.dedent(r"""
     dist.init(torch.device("cpu"))
     r, w = dist.rank(), dist.world_size()
     torch.manual_seed(0)                                    # the same global data on every rank
-    A, M0, d, C = 8, 6, 5, 3                                # anchors per rank, memory, dims, classes
-    z = torch.randn(A * w, d, dtype=torch.float64, requires_grad=True)
-    logits = torch.randn(A * w, C, dtype=torch.float64, requires_grad=True)
-    ids = torch.randint(0, 10, (A * w,)); partner = torch.randint(0, 10, (A * w,))
-    lam = torch.rand(A * w, dtype=torch.float64) * 0.5 + 0.5
-    mem = F.normalize(torch.randn(M0, d, dtype=torch.float64), dim=1); mem_ids = torch.randint(0, 10, (M0,))
-    mem_p = torch.softmax(torch.randn(M0, C, dtype=torch.float64), 1)
-    keys = F.normalize(torch.randn(A * w, d, dtype=torch.float64), dim=1)
-    queue = F.normalize(torch.randn(4, d, dtype=torch.float64), dim=1)
+    B, M0, d, C = 4, 6, 5, 3                                # examples per rank, older memory, dims, classes
+    n = B * w                                               # examples in the global batch
+    ex = torch.randperm(20)[:n]                             # their dataset indices, rank r: ex[rB:(r+1)B]
+    z = torch.randn(2 * n, d, dtype=torch.float64, requires_grad=True)       # rank blocks [v1 | v2]
+    logits = torch.randn(2 * n, C, dtype=torch.float64, requires_grad=True)
+    lam = torch.rand(2 * n, dtype=torch.float64) * 0.5 + 0.5
+    u = torch.rand(n, dtype=torch.float64)
+    prow = torch.cat([torch.cat([torch.randperm(B), torch.randperm(B) + B]) for _ in range(w)])  # local rows
+    blk_ids = torch.cat([torch.cat([ex[i * B:(i + 1) * B]] * 2) for i in range(w)])              # rank blocks
+    mem_ids = torch.cat([torch.randint(0, 20, (M0,)), blk_ids])       # older entries, then this batch
+    mem = F.normalize(torch.randn(M0 + 2 * n, d, dtype=torch.float64), dim=1)
+    mem_p = torch.softmax(torch.randn(M0 + 2 * n, C, dtype=torch.float64), 1)
+    cur = torch.arange(M0 + 2 * n) >= M0
     in_G = lambda i, j: (i[:, None] % 3) == (j[None, :] % 3)
 
-    def loss_of(zz, ll, rows):
-        # rows: this process's anchors; candidates: every anchor (in rank order) + memory
-        za, pa = F.normalize(zz[rows], dim=1), ll[rows].softmax(1)
-        z_all = dist.gather_with_grad(za); p_all = dist.gather_with_grad(pa)
-        off = dist.offset(len(rows))
-        c, cid = torch.cat([z_all, mem]), torch.cat([dist.gather(ids[rows]), mem_ids])
-        l_mix, _ = losses.selective_contrastive_loss(za, ids[rows], partner[rows], lam[rows], c, cid, in_G,
-                                                     keys[rows], keys[rows].flip(0), queue, 0.1, self_offset=off)
-        l_sim = losses.similarity_loss(pa, torch.cat([p_all, mem_p]), ids[rows], partner[rows], lam[rows],
-                                       cid, in_G, self_offset=off)
-        return l_mix.mean() + 0.01 * l_sim
+    def loss_of(za, pa, lam_, u_, ids, prows, own_batch, own_mem, gathered):
+        g = (dist.gather_with_grad, dist.gather) if gathered else (lambda t: t, lambda t: t)
+        batch = losses.Candidates(g[0](za), g[0](pa), g[1](ids), torch.ones(len(g[1](ids)), dtype=torch.bool),
+                                  own_batch)
+        memory = losses.Candidates(mem, mem_p, mem_ids, cur, own_mem)
+        out = losses.selective_losses(za, pa, u_, lam_, ids, prows, in_G, batch, memory, 0.1)
+        return out["l_sel"] + 0.01 * out["l_sim"]
 
-    mine = torch.arange(r * A, (r + 1) * A)
-    loss_of(z, logits, mine).backward()
+    rows = torch.arange(r * 2 * B, (r + 1) * 2 * B)          # this process: its own 2B anchors
+    own = dist.offset(2 * B) + torch.arange(2 * B)
+    loss_of(F.normalize(z[rows], dim=1), logits[rows].softmax(1), lam[rows], u[r * B:(r + 1) * B],
+            blk_ids[rows], prow[rows], own, M0 + own, True).backward()
     gz, gl = z.grad.clone(), logits.grad.clone()
     torch.distributed.all_reduce(gz); torch.distributed.all_reduce(gl)     # DDP: average over ranks
     gz, gl = gz / w, gl / w
-    # one process, the whole batch (dist calls are the identity when world size is 1 ... so emulate
-    # it by computing the global loss directly with the same candidate order)
+    # one process, the whole batch: rows [all view-1 anchors, all view-2 anchors]
     z.grad = None; logits.grad = None
-    za, pa = F.normalize(z, dim=1), logits.softmax(1)
-    c, cid = torch.cat([za, mem]), torch.cat([ids, mem_ids])
-    l_mix, _ = losses.selective_contrastive_loss(za, ids, partner, lam, c, cid, in_G, keys,
-                                                 torch.cat([keys[i * A:(i + 1) * A].flip(0) for i in range(w)]),
-                                                 queue, 0.1)
-    l_sim = losses.similarity_loss(pa, torch.cat([pa, mem_p]), ids, partner, lam, cid, in_G)
-    (l_mix.mean() + 0.01 * l_sim).backward()
+    glob = torch.cat([torch.cat([i * 2 * B + torch.arange(B) for i in range(w)]),
+                      torch.cat([i * 2 * B + B + torch.arange(B) for i in range(w)])])
+    pos = torch.empty(2 * n, dtype=torch.long); pos[glob] = torch.arange(2 * n)   # block row -> global row
+    prow_g = pos[(glob // (2 * B)) * 2 * B + prow[glob]]
+    loss_of(F.normalize(z[glob], dim=1), logits[glob].softmax(1), lam[glob], u, blk_ids[glob], prow_g,
+            torch.arange(2 * n), M0 + glob, False).backward()
     err = max((gz - z.grad).abs().max().item(), (gl - logits.grad).abs().max().item())
     scale = z.grad.abs().max().item()
     try:

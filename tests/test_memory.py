@@ -93,36 +93,48 @@ def test_key_queue_state_dict_roundtrip():
         KeyQueue(8, 4).load_state_dict(state)
 
 
-def test_labelled_memory_aligned_fields_and_roundtrip():
+def test_labelled_memory_authors_wrap_rule_aligned_fields_and_roundtrip():
+    """Slots [ptr, ptr+b) while they fit; otherwise the last b slots and ptr → 0 (the
+    authors' rule, SPEC §10.2.3); filled part [0, ptr) until the last slot is written;
+    `current` is the latest batch's slots. (Parity with a transcription of the authors'
+    queue: tests/test_parity.py.)"""
     gen = torch.Generator().manual_seed(4)
-    m, ref = LabelledMemory(6, 3, 4), RefRing(6)
-    for b in (4, 5, 9, 2):
+    m = LabelledMemory(10, 3, 4)
+    expect = [  # (b, current, ptr, filled)
+        (4, (0, 4), 4, 4), (4, (4, 8), 8, 8), (4, (6, 10), 0, 10), (3, (0, 3), 3, 10), (5, (3, 8), 8, 10),
+        (2, (8, 10), 10, 10), (1, (9, 10), 0, 10)]
+    shadow = torch.full((10,), -1)
+    for b, cur, ptr, filled in expect:
         z = rows(gen, b, 3)
         p = torch.softmax(rows(gen, b, 4), 1)
         ids = torch.randint(0, 1000, (b,), generator=gen, dtype=torch.int32)
         m.enqueue(z, p, ids)
-        ref.push(list(zip(z.float(), p.float(), ids.long())))
-        fz, fp, fi = zip(*ref.filled())
-        assert torch.equal(m.feats, torch.stack(fz)) and torch.equal(m.probs, torch.stack(fp))
-        assert torch.equal(m.ids, torch.stack(fi))
+        shadow[cur[0]:cur[1]] = ids.long()
+        assert (m.current, m.ptr, len(m)) == (cur, ptr, filled)
+        assert torch.equal(m.ids, shadow[:filled])
+        assert torch.equal(m.feats[cur[0]:cur[1]], z.float()) and torch.equal(m.probs[cur[0]:cur[1]], p.float())
+        assert m.current_mask().sum() == b and m.current_mask()[cur[0]:cur[1]].all()
         assert m.ids.dtype == torch.int64 and m.feats.dtype == m.probs.dtype == torch.float32
-    m2 = LabelledMemory(6, 3, 4)
+    m2 = LabelledMemory(10, 3, 4)
     m2.load_state_dict(m.state_dict())
     for name in ("feats", "probs", "ids"):
         assert torch.equal(getattr(m2, name), getattr(m, name))
-    assert m2.ptr == m.ptr and len(m2) == len(m)
+    assert (m2.ptr, len(m2), m2.current) == (m.ptr, len(m), m.current)
     with pytest.raises(ValueError):
         m.enqueue(rows(gen, 2, 3), torch.rand(3, 4), torch.arange(2))  # mismatched batch sizes
+    with pytest.raises(ValueError, match="twice the batch size"):
+        m.enqueue(rows(gen, 11, 3), torch.rand(11, 4), torch.arange(11))  # larger than the memory
 
 
 @pytest.mark.parametrize("device", ["cpu"] + (["cuda"] if torch.cuda.is_available() else []))
 def test_memory_on_device_state_dict_is_cpu(device):
     m = LabelledMemory(5, 3, 2, device)
-    m.enqueue(torch.randn(7, 3, device=device).bfloat16(), torch.rand(7, 2, device=device),
-              torch.arange(7, device=device))
-    assert m.feats.device.type == device and m.ids.tolist() == [5, 6, 2, 3, 4]
+    for start in (0, 3):
+        m.enqueue(torch.randn(3, 3, device=device).bfloat16(), torch.rand(3, 2, device=device),
+                  torch.arange(start, start + 3, device=device))
+    assert m.feats.device.type == device and m.ids.tolist() == [0, 1, 3, 4, 5]
     state = m.state_dict()
     assert all(state[k].device.type == "cpu" for k in ("feats", "probs", "ids"))
     m2 = LabelledMemory(5, 3, 2, device)
     m2.load_state_dict(state)
-    assert torch.equal(m2.feats, m.feats) and m2.ptr == m.ptr == 2
+    assert torch.equal(m2.feats, m.feats) and m2.ptr == m.ptr == 0

@@ -1,0 +1,135 @@
+"""Sel-CL+ against cross-entropy on real CIFAR-10 with a shortened schedule, on one GPU.
+
+The full training set of an imagefolder copy of CIFAR-10 (a folder or .tar.gz with
+train/<class>/*.jpg, test/<class>/*.jpg), the paper's network (PreAct ResNet-18) and the
+paper's setting cifar10_asym40 (α = 0.5, β = 0.25, K = 250), with the schedules
+shortened in proportion to the number of epochs:
+
+  Sel-CL   --epochs in all (warm-up included); lr ramp over the first 2 epochs, ×0.1
+           after 50 % and 80 % of them (the paper: 5 / 125 / 200 of 250)
+  Sel-CL+  --finetune-epochs, bootstrapping after 3/7 of them (the paper: 30 of 70)
+  CE       --ce-epochs (default: the same total as Sel-CL + Sel-CL+), lr 0.02,
+           ×0.1 after 50 % and 75 % of them (the baseline's 100 / 150 of 200)
+
+Run the two parts in two processes (they share the GPU) and read the markdown each writes:
+
+    python bench/gpu_real.py --data c10.tar.gz --part selcl --out selcl.md &
+    python bench/gpu_real.py --data c10.tar.gz --part ce --out ce.md
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+from selcl import checkpoint  # noqa: E402
+from selcl.config import load_params, resolve  # noqa: E402
+from selcl.data import load_dataset  # noqa: E402
+from selcl.device import describe, get_device, synchronize  # noqa: E402
+from selcl.noise import make_noisy_labels  # noqa: E402
+from selcl.train import TrainData, baseline, finetune, pretrain, summarise, warmup  # noqa: E402
+from tables import emit  # noqa: E402  (bench/tables.py)
+
+
+def write_csv(path: Path, rows: list[dict]) -> None:
+    keys = list(dict.fromkeys(k for r in rows for k in r))
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=keys)
+        w.writeheader()
+        w.writerows(rows)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--data", required=True)
+    ap.add_argument("--setting", default="cifar10_asym40")
+    ap.add_argument("--part", choices=("selcl", "ce"), required=True)
+    ap.add_argument("--epochs", type=int, default=25, help="Sel-CL epochs in all, warm-up included")
+    ap.add_argument("--finetune-epochs", type=int, default=10)
+    ap.add_argument("--ce-epochs", type=int, default=None)
+    ap.add_argument("--subset", type=int, default=None)
+    ap.add_argument("--arch", default="preact_resnet18", help="'small' for a quick CPU smoke run")
+    ap.add_argument("--workdir", default="/tmp/selcl_gpu_real")
+    ap.add_argument("--out", required=True, help="markdown table; CSV histories go beside it")
+    args = ap.parse_args()
+
+    device = get_device()
+    torch.backends.cudnn.benchmark = True
+    cfg = resolve(load_params(ROOT / "params.yaml"), args.setting)
+    ds = load_dataset("imagefolder", path=args.data, subset=args.subset)
+    nc = cfg["noise"]
+    noisy = make_noisy_labels(ds.y_train, len(ds.classes), nc["kind"], nc["rate"], nc["seed"], dataset="cifar10",
+                              include_true_class=nc["include_true_class"])
+    realised = float(np.mean(noisy != ds.y_train))
+    data = TrainData.build({"x_train": ds.x_train, "y_train": ds.y_train, "x_test": ds.x_test,
+                            "y_test": ds.y_test, "mean": ds.mean, "std": ds.std},
+                           {"noisy": noisy, "clean": ds.y_train, "num_classes": len(ds.classes)}, device)
+    cfg["model"]["arch"] = args.arch
+    if args.arch == "small":
+        cfg["model"].update(width=16, blocks=[1, 1, 1, 1])
+    P, F = args.epochs, args.finetune_epochs
+    E = args.ce_epochs or P + F
+    cfg["pretrain"].update(epochs=P, lr_warmup_epochs=min(2, P - 1),
+                           lr_decay_epochs=[round(0.5 * P), round(0.8 * P)], checkpoint_every=10_000)
+    cfg["finetune"].update(epochs=F, bootstrap_start=round(F * 30 / 70), eval_last=min(3, F),
+                           checkpoint_every=10_000)
+    cfg["baseline"].update(epochs=E, lr_decay_epochs=[round(0.5 * E), round(0.75 * E)], eval_last=min(3, E),
+                           checkpoint_every=10_000)
+    work = Path(args.workdir) / args.part
+    ck = lambda name: checkpoint.Checkpointer(work / f"{name}.pt", f"bench-{time.time()}", 10_000)  # noqa: E731
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    info = describe(device)
+    head = [f"# {args.setting} on {info.get('gpu', info['device'])} (torch {info['torch']}), "
+            f"{len(ds.y_train)} training images, realised noise {realised:.3f}", ""]
+    t0 = time.perf_counter()
+    if args.part == "ce":
+        hist = baseline(cfg, data, device, ck("baseline"))["history"]
+        write_csv(out.with_suffix(".csv"), hist)
+        s = summarise(hist, cfg["baseline"]["eval_last"])
+        emit(head + [f"CE baseline, {E} epochs (lr 0.02, ×0.1 after {cfg['baseline']['lr_decay_epochs']}), "
+                     f"{time.perf_counter() - t0:.0f} s: best {s['test_acc_best']:.2f} %, "
+                     f"final {s['test_acc_last']:.2f} %, mean of the last {cfg['baseline']['eval_last']} "
+                     f"{s['test_acc_mean_last']:.2f} %."], out)
+        return
+    synchronize(device)
+    warm = warmup(cfg, data, device, ck("warmup"))
+    synchronize(device)
+    t_warm = time.perf_counter() - t0
+    pre = pretrain(cfg, data, warm, device, ck("pretrain"))
+    write_csv(out.with_name(out.stem + "_pretrain.csv"), pre["history"])
+    write_csv(out.with_name(out.stem + "_timing.csv"), pre["timing"])
+    t1 = time.perf_counter()
+    ft = finetune(cfg, data, pre, device, ck("finetune"))
+    t_ft = (time.perf_counter() - t1) / F
+    write_csv(out.with_name(out.stem + "_finetune.csv"), ft["history"])
+    s = summarise(ft["history"], cfg["finetune"]["eval_last"])
+    train_s = [r["train_s"] for r in pre["timing"]]
+    steady = float(np.median(train_s[1:])) if len(train_s) > 1 else train_s[0]
+    other = float(np.median([r["select_s"] + r["knn_s"] for r in pre["timing"]]))
+    last = pre["history"][-1]
+    emit(head + [
+        "| what | value |", "|---|---|",
+        f"| Uns-CL warm-up epoch (incl. compilation) | {t_warm:.1f} s |",
+        f"| pre-training epoch, training only: first / median of the rest | {train_s[0]:.1f} / {steady:.2f} s |",
+        f"| selection + k-NN eval per epoch (median) | {other:.2f} s |",
+        f"| fine-tuning epoch (on T, {ft['n_train']} images) | {t_ft:.2f} s |",
+        f"| projected full run (250 + 70 epochs) | {(t_warm + 249 * (steady + other) + 70 * t_ft) / 60:.1f} min |",
+        f"| after {P} epochs: |T|, precision / recall of T | {int(last['n_selected'])}, "
+        f"{last['precision_T']:.3f} / {last['recall_T']:.3f} |",
+        f"| precision of G | {last.get('precision_G', float('nan')):.3f} |",
+        f"| weighted k-NN top-1 (clean labels) | {last['knn_top1']:.2f} % |",
+        f"| Sel-CL+ after {F} fine-tuning epochs: best / final / mean last {cfg['finetune']['eval_last']} | "
+        f"{s['test_acc_best']:.2f} / {s['test_acc_last']:.2f} / {s['test_acc_mean_last']:.2f} % |"], out)
+
+
+if __name__ == "__main__":
+    main()
