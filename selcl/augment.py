@@ -31,6 +31,13 @@ Deliberate differences from the authors' PIL pipeline (all small):
 
 Shapes: input uint8 [B, 3, H, W] (NCHW; float input in [0, 1] is accepted too);
 output float32 [B, 3, S, S], normalised with the dataset mean / std.
+
+Crops (`crop`, SPEC §10.4): CIFAR feeds the whole stored image to the network
+(`crop=None`: strong views RandomResizedCrop back to H×W, weak views RandomCrop(H×W,
+padding 4), test images as they are). WebVision stores 256 px images and feeds
+224 px crops, as the authors' torchvision pipelines: strong views
+RandomResizedCrop(crop, scale), weak views RandomCrop(crop) without padding, test /
+selection / k-NN images CenterCrop(crop) (`eval_view`).
 """
 from __future__ import annotations
 
@@ -399,39 +406,89 @@ def strong_augment(x: torch.Tensor, generator: torch.Generator, mean: Sequence[f
 
 
 def padded_crop_flip(x: torch.Tensor, top: torch.Tensor, left: torch.Tensor,
-                     flip: torch.Tensor, padding: int = 4) -> torch.Tensor:
-    """Zero-pad by `padding`, take the H×W window at (top, left) of each image, mirror
-    where flip. x [B, C, H, W] (any dtype); top/left int [B] in [0, 2·padding].
+                     flip: torch.Tensor, padding: int = 4,
+                     size: int | tuple[int, int] | None = None) -> torch.Tensor:
+    """Zero-pad by `padding`, take the Sh×Sw window (`size`, default H×W) at (top, left)
+    of each image, mirror where flip. x [B, C, H, W] (any dtype); top/left int [B] in
+    [0, H + 2·padding − Sh] / [0, W + 2·padding − Sw].
 
     Vectorised as two gathers with per-sample row / column indices; the flip is
     just reversed column indices, so it costs nothing extra.
     """
     B, C, H, W = x.shape
-    xp = F.pad(x, (padding, padding, padding, padding))            # zeros, [B, C, H+2p, W+2p]
-    ar_h = torch.arange(H, device=x.device)
-    ar_w = torch.arange(W, device=x.device)
-    rows = top.view(B, 1) + ar_h                                    # [B, H]
-    cols = left.view(B, 1) + torch.where(flip.view(B, 1), W - 1 - ar_w, ar_w)   # [B, W]
-    out = xp.gather(2, rows.view(B, 1, H, 1).expand(B, C, H, W + 2 * padding))
-    return out.gather(3, cols.view(B, 1, 1, W).expand(B, C, H, W))
+    Sh, Sw = _pair(size, H, W)
+    xp = F.pad(x, (padding, padding, padding, padding)) if padding else x   # zeros
+    ar_h = torch.arange(Sh, device=x.device)
+    ar_w = torch.arange(Sw, device=x.device)
+    rows = top.view(B, 1) + ar_h                                    # [B, Sh]
+    cols = left.view(B, 1) + torch.where(flip.view(B, 1), Sw - 1 - ar_w, ar_w)   # [B, Sw]
+    out = xp.gather(2, rows.view(B, 1, Sh, 1).expand(B, C, Sh, xp.shape[3]))
+    return out.gather(3, cols.view(B, 1, 1, Sw).expand(B, C, Sh, Sw))
 
 
 def sample_weak_params(B: int, generator: torch.Generator, padding: int = 4,
-                       p_flip: float = 0.5, device=None) -> dict[str, torch.Tensor]:
-    """RandomCrop(padding) offsets top, left ~ randint(0, 2·padding + 1) (torchvision's
-    RandomCrop on the padded image) and flip ~ Bernoulli(p_flip); each [B]."""
+                       p_flip: float = 0.5, device=None, *, image_hw: tuple[int, int] | None = None,
+                       size: int | tuple[int, int] | None = None) -> dict[str, torch.Tensor]:
+    """RandomCrop offsets as torchvision's RandomCrop.get_params on the padded image:
+    top ~ randint(0, H + 2·padding − Sh + 1), left ~ randint(0, W + 2·padding − Sw + 1)
+    — randint(0, 2·padding + 1) when the window is the image size (size None, the
+    CIFAR case; image_hw is then not needed) — and flip ~ Bernoulli(p_flip); each [B]."""
     device = device if device is not None else generator.device
-    offs = torch.randint(0, 2 * padding + 1, (B, 2), generator=generator, device=device)
+    if size is None:
+        n_h = n_w = 2 * padding + 1
+    else:
+        H, W = image_hw
+        Sh, Sw = _pair(size, H, W)
+        n_h, n_w = H + 2 * padding - Sh + 1, W + 2 * padding - Sw + 1
+        if n_h < 1 or n_w < 1:
+            raise ValueError(f"crop {Sh}×{Sw} is larger than the padded {H}×{W} image")
+    if n_h == n_w:
+        offs = torch.randint(0, n_h, (B, 2), generator=generator, device=device)
+    else:
+        offs = torch.stack([torch.randint(0, n, (B,), generator=generator, device=device)
+                            for n in (n_h, n_w)], 1)
     flip = _rand(B, generator, device) < p_flip
     return {"top": offs[:, 0], "left": offs[:, 1], "flip": flip}
 
 
 def weak_augment(x: torch.Tensor, generator: torch.Generator, mean: Sequence[float],
-                 std: Sequence[float], padding: int = 4, p_flip: float = 0.5) -> torch.Tensor:
-    """Fine-tuning view (SPEC §3): RandomCrop(H×W, padding, zero fill) → flip p=0.5 → normalise.
+                 std: Sequence[float], padding: int | None = None, p_flip: float = 0.5,
+                 crop: int | None = None) -> torch.Tensor:
+    """Fine-tuning view (SPEC §3, §10.4): RandomCrop → flip p=0.5 → normalise.
 
-    x uint8 [B, 3, H, W] → float32 [B, 3, H, W]. The crop is done on uint8 (4× less
+    crop None (CIFAR): RandomCrop(H×W, padding 4, zero fill) → float32 [B, 3, H, W].
+    crop = S (WebVision): RandomCrop(S) without padding → float32 [B, 3, S, S].
+    `padding` overrides those defaults (4 / 0). The crop is done on uint8 (4× less
     memory traffic) before the float conversion.
     """
-    p = sample_weak_params(x.shape[0], generator, padding, p_flip, device=x.device)
-    return normalize(padded_crop_flip(x, p["top"], p["left"], p["flip"], padding), mean, std)
+    if padding is None:
+        padding = 4 if crop is None else 0
+    p = sample_weak_params(x.shape[0], generator, padding, p_flip, device=x.device,
+                           image_hw=tuple(x.shape[-2:]), size=crop)
+    return normalize(padded_crop_flip(x, p["top"], p["left"], p["flip"], padding, crop), mean, std)
+
+
+# ---------------------------------------------------------------------------
+# Test / selection / k-NN inputs
+# ---------------------------------------------------------------------------
+
+
+def center_crop(x: torch.Tensor, size: int | tuple[int, int] | None) -> torch.Tensor:
+    """The central Sh×Sw window of [B, C, H, W] (a view, any dtype), offsets as
+    torchvision's CenterCrop: top = round((H − Sh) / 2), left = round((W − Sw) / 2)
+    (Python round: half to even). size None: x itself."""
+    if size is None:
+        return x
+    H, W = x.shape[-2:]
+    Sh, Sw = _pair(size, H, W)
+    if Sh > H or Sw > W:
+        raise ValueError(f"centre crop {Sh}×{Sw} is larger than the {H}×{W} image")
+    top, left = int(round((H - Sh) / 2.0)), int(round((W - Sw) / 2.0))
+    return x[..., top:top + Sh, left:left + Sw]
+
+
+def eval_view(x: torch.Tensor, mean: Sequence[float], std: Sequence[float],
+              crop: int | None = None) -> torch.Tensor:
+    """Un-augmented network input (test, selection, k-NN, bootstrapping targets):
+    CenterCrop(crop) (crop None: the whole image) → normalise. uint8 → float32."""
+    return normalize(center_crop(x, crop), mean, std)

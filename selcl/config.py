@@ -51,6 +51,12 @@ def _int_list(v):
         or "must be a list of non-negative integers"
 
 
+def _scale_range(v):
+    ok = (len(v) == 2 and all(isinstance(e, (int, float)) and not isinstance(e, bool) for e in v)
+          and 0 < v[0] <= v[1] <= 1)
+    return ok or "must be [low, high] with 0 < low ≤ high ≤ 1"
+
+
 OPT_STR = (str, type(None))
 OPT_INT = (int, type(None))
 
@@ -61,6 +67,8 @@ SCHEMA: dict[str, dict[str, tuple]] = {
         "root": (str, None), "path": (OPT_STR, None), "subset": (OPT_INT, lambda v: v is None or _pos(v)),
         "seed": (int, _nonneg), "download": (bool, None),
         "image_size": (OPT_INT, lambda v: v is None or _pos(v)),
+        "crop": (OPT_INT, lambda v: v is None or _pos(v)),
+        "crop_scale": (list, _scale_range),
     },
     "noise": {
         "kind": (str, _choice("none", "sym", "asym", "file")), "rate": (float, _unit),
@@ -236,6 +244,9 @@ def _check_consistency(name: str, cfg: dict) -> None:
     if data["image_size"] is not None and data["dataset"] != "imagefolder":
         raise ConfigError(f"{where}.data.image_size = {data['image_size']}: applies to dataset "
                           f"imagefolder only ({data['dataset']!r} has a fixed size); set it to null")
+    if data["crop"] is not None and data["image_size"] is not None and data["crop"] > data["image_size"]:
+        raise ConfigError(f"{where}.data.crop = {data['crop']}: must be ≤ data.image_size "
+                          f"({data['image_size']}), the size of the stored images")
     if noise["kind"] == "file" and not noise["file"]:
         raise ConfigError(f"{where}.noise.file: required for noise kind 'file'")
     if noise["kind"] in ("sym", "asym") and noise["rate"] == 0.0:

@@ -60,6 +60,8 @@ DATASETS = ("digits", "cifar10", "cifar100", "imagefolder")
 CIFAR10_MEAN, CIFAR10_STD = (0.4914, 0.4822, 0.4465), (0.2023, 0.1994, 0.2010)
 CIFAR100_MEAN, CIFAR100_STD = (0.5071, 0.4867, 0.4408), (0.2675, 0.2565, 0.2761)
 
+DEFAULT_CROP_SCALE = (0.08, 1.0)   # SPEC §3 RandomResizedCrop scale (CIFAR)
+
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm")
 
 
@@ -76,6 +78,11 @@ class ImageData:
     classes  C class names (class id = position)
     mean/std per-channel normalisation, [0, 1] units
     coarse_train int64 [N] CIFAR-100 superclass ids, else None
+    crop / crop_scale  the network's input geometry for these images (params
+             `data.crop`, `data.crop_scale`; see selcl.augment): recorded by the data
+             stage in data.npz so that every training stage augments alike. crop None
+             (the default, CIFAR): the whole image; crop_scale: RandomResizedCrop's
+             area range of the strong views.
     """
 
     x_train: np.ndarray
@@ -87,6 +94,8 @@ class ImageData:
     std: tuple
     coarse_train: np.ndarray | None = None
     name: str = ""
+    crop: int | None = None
+    crop_scale: tuple = DEFAULT_CROP_SCALE
 
     @property
     def num_classes(self) -> int:
@@ -496,6 +505,11 @@ def save_arrays(data: ImageData, path) -> None:
                   name=np.asarray(data.name, dtype=str))
     if data.coarse_train is not None:
         arrays["coarse_train"] = data.coarse_train
+    # written only when not the defaults, so CIFAR's data.npz is unchanged by these keys
+    if data.crop is not None:
+        arrays["crop"] = np.asarray(int(data.crop), dtype=np.int64)
+    if tuple(data.crop_scale) != DEFAULT_CROP_SCALE:
+        arrays["crop_scale"] = np.asarray(data.crop_scale, dtype=np.float64)
     with atomic_path(path) as tmp:
         with open(tmp, "wb") as f:
             np.savez(f, **arrays)
@@ -521,4 +535,7 @@ def _load_arrays(path: Path) -> ImageData:
             classes=[str(c) for c in z["classes"]],
             mean=tuple(float(v) for v in z["mean"]), std=tuple(float(v) for v in z["std"]),
             coarse_train=z["coarse_train"].astype(np.int64) if "coarse_train" in z.files else None,
-            name=str(z["name"]))
+            name=str(z["name"]),
+            crop=int(z["crop"]) if "crop" in z.files else None,
+            crop_scale=tuple(float(v) for v in z["crop_scale"]) if "crop_scale" in z.files
+            else DEFAULT_CROP_SCALE)

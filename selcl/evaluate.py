@@ -14,16 +14,17 @@ from .knn import knn_search
 
 
 @torch.no_grad()
-def embed(model, x_uint8: torch.Tensor, mean, std, *, batch_size: int = 1024):
+def embed(model, x_uint8: torch.Tensor, mean, std, *, batch_size: int = 1024, crop=None):
     """z (L2-normalised, float32) and logits of un-augmented images, eval mode.
 
-    x_uint8: [N,3,H,W] uint8 on the model's device → (z [N,d], logits [N,C])."""
+    x_uint8: [N,3,H,W] uint8 on the model's device → (z [N,d], logits [N,C]).
+    crop: CenterCrop(crop) first (WebVision: 224 of the stored 256; None: whole image)."""
     was_training = model.training
     model.eval()
     device = x_uint8.device
     zs, logits = [], []
     for start in range(0, x_uint8.shape[0], batch_size):
-        x = augment.normalize(x_uint8[start:start + batch_size], mean, std)
+        x = augment.eval_view(x_uint8[start:start + batch_size], mean, std, crop)
         x = x.contiguous(memory_format=memory_format(device))
         with autocast(device):
             z, out = model(x)
@@ -61,7 +62,7 @@ def weighted_knn_accuracy(train_z, train_labels, test_z, test_labels, num_classe
     return topk_accuracy(scores, test_labels)
 
 
-def test_accuracy(model, x_test, y_test, mean, std) -> float:
-    """Top-1 classifier accuracy (percent) on un-augmented test images."""
-    _, logits = embed(model, x_test, mean, std)
+def test_accuracy(model, x_test, y_test, mean, std, crop=None) -> float:
+    """Top-1 classifier accuracy (percent) on un-augmented (centre-cropped) test images."""
+    _, logits = embed(model, x_test, mean, std, crop=crop)
     return 100.0 * (logits.argmax(1) == y_test).float().mean().item()

@@ -11,11 +11,16 @@ Steps (numbers as in SPEC §5), all batched so nothing N×N ever exists:
     ties → lowest class id (torch.argmax returns the first maximum).
  3. q̂_i(c) = fraction of i's neighbours with ŷ = c.
  4. ℓ_i = −log clamp(q̂_i(ỹ_i), 0.01, 0.99);  a_i = [argmax_c q̂_i(c) = ỹ_i].
- 5. m_c = Σ_{ỹ_i=c} a_i over all C classes;  n_sel = ⌊α-quantile{m_c}⌋ (numpy linear).
+ 5. m_c = Σ_{ỹ_i=c} a_i over all C classes;  n_sel as the authors' code (SPEC §5.5,
+    §10.1) — `class_balanced_count`: α = 0.5 → the LOWER median of {m_c} (the ⌈C/2⌉-th
+    smallest, what torch.median returns; for an even C not the mean of the two middle
+    values), α = 0 → min, α = 1 → max, any other α → ⌊linear α-quantile⌋ (numpy default).
  6. T = per class, the min(n_sel, |{ỹ=c}|) smallest ℓ_i, ties → lower index.
- 7. γ = β-quantile (linear) of sim over the ORDERED pairs of
-    G′ = {(i,j): i≠j, i,j ∈ T, ỹ_i=ỹ_j}; all of them when |G′| ≤ max_pairs (10⁶), else
-    a seeded uniform sample (with replacement) of exactly max_pairs of them.
+ 7. γ over the ORDERED pairs of G′ = {(i,j): i≠j, i,j ∈ T, ỹ_i=ỹ_j} (SPEC §5.7, §10.1):
+    β = 0 / β = 1 → the exact minimum / maximum sim over ALL of G′, whatever its size
+    (per class, in row blocks of its T×T similarity matrix: nothing N×N, no sampling);
+    any other β → the β-quantile (linear) of sim over all of G′ when |G′| ≤ max_pairs
+    (10⁶), else over a seeded uniform sample (with replacement) of exactly max_pairs.
     G′ empty (every class has ≤ 1 selected example) ⇒ γ = +inf: no G″ pairs.
  8. G = G′ ∪ G″ ∪ {(i,i)},  G″ = {(i,j): ỹ_i=ỹ_j, sim > γ}; never different labels.
     Never materialised: `Selection.pair_mask` rebuilds any block of it from ỹ, T and
@@ -153,6 +158,40 @@ def _sample_pairs(sizes: np.ndarray, starts: np.ndarray, m: int, rng: np.random.
     return starts[g] + a, starts[g] + b
 
 
+def class_balanced_count(m_c, alpha: float) -> int:
+    """n_sel from the per-class agreement counts {m_c} (SPEC §5.5, amended §10.1), as
+    the authors' code computes it: α = 0.5 → the lower median (the ⌈C/2⌉-th smallest,
+    torch.median's choice), α = 0 → min, α = 1 → max, else ⌊linear α-quantile⌋."""
+    m = np.sort(np.asarray(m_c, dtype=np.int64).ravel())
+    if m.size == 0:
+        raise ValueError("class_balanced_count needs at least one class")
+    if alpha == 0.5:
+        return int(m[(m.size - 1) // 2])
+    if alpha == 0.0:
+        return int(m[0])
+    if alpha == 1.0:
+        return int(m[-1])
+    return int(math.floor(np.quantile(m.astype(np.float64), alpha)))
+
+
+def _extreme_pair_sim(z: torch.Tensor, groups, largest: bool) -> float:
+    """min (largest=False) or max of sim(z_i, z_j) over the ordered pairs i ≠ j within
+    each index group (G′: one group per class, T ∩ {ỹ = c}), exactly: row blocks of each
+    group's own similarity matrix, O(BLOCK_ELEMS) memory, the diagonal masked out."""
+    best = -math.inf if largest else math.inf
+    fill = -math.inf if largest else math.inf
+    for members in groups:
+        m = len(members)
+        rows = max(1, BLOCK_ELEMS // m)
+        for r in range(0, m, rows):
+            s = _sims(z, members[r:r + rows], members)               # [rows, m]
+            k = torch.arange(s.shape[0], device=s.device)
+            s[k, k + r] = fill                                       # i ≠ j
+            v = float(s.max() if largest else s.min())
+            best = max(best, v) if largest else min(best, v)
+    return best
+
+
 def select(features: torch.Tensor, noisy_labels: torch.Tensor, num_classes: int, *,
            k: int, alpha: float, beta: float, weighting: str = "uniform", seed: int = 0,
            clean_labels: torch.Tensor | None = None, knn_index: str | KnnIndex = "flat",
@@ -166,7 +205,7 @@ def select(features: torch.Tensor, noisy_labels: torch.Tensor, num_classes: int,
     "flat" | "ivf" | "torch" or a prebuilt `selcl.knn.build_index(features, ...)` (see
     selcl.knn; knn_kwargs go to it, e.g. nprobe, nlist, batch_size, use_gpu).
     max_pairs: G′ pairs used for γ (all of them if |G′| ≤ max_pairs, else a sample of
-    max_pairs). |G| is counted exactly when the same-label ordered pairs number
+    max_pairs; β = 0 / 1 always use all of G′: the exact min / max). |G| is counted exactly when the same-label ordered pairs number
     ≤ exact_pairs_max, else estimated from ≈ `pair_samples` same-label pairs (all pairs
     of a seeded random subset of anchor rows per class; see `_count_pairs`).
     seed seeds every sample (IVF training subsample, γ sample, |G| sample).
@@ -215,7 +254,7 @@ def select(features: torch.Tensor, noisy_labels: torch.Tensor, num_classes: int,
 
     # ---- 5: class-balanced count n_sel ----
     m_c = torch.bincount(y_noisy[agree], minlength=C)[:C]           # m_c over all C classes
-    n_sel = int(math.floor(np.quantile(m_c.cpu().numpy(), alpha)))
+    n_sel = class_balanced_count(m_c.cpu().numpy(), alpha)
 
     # ---- 6: T = per class the n_sel smallest ℓ, ties → lower index ----
     # two stable sorts = lexicographic order by (ỹ, ℓ, index)
@@ -233,6 +272,9 @@ def select(features: torch.Tensor, noisy_labels: torch.Tensor, num_classes: int,
     n_gprime = int((t_c * (t_c - 1)).sum())                          # |G′| (ordered)
     if n_gprime == 0:
         gamma, gamma_sampled = math.inf, False                      # documented: no G″
+    elif beta in (0.0, 1.0):                                         # exact min / max of G′
+        blocks = ((perm[start_np[c]:start_np[c] + t_c[c]]) for c in np.flatnonzero(t_c >= 2))
+        gamma, gamma_sampled = _extreme_pair_sim(z, blocks, largest=beta == 1.0), False
     elif n_gprime <= max_pairs:                                      # every ordered pair
         vals = []
         for c in np.flatnonzero(t_c >= 2):

@@ -47,6 +47,8 @@ class TrainData:
     mean: tuple
     std: tuple
     num_classes: int
+    crop: int | None = None             # network input crop (data.crop; None: whole image)
+    crop_scale: tuple = (0.08, 1.0)     # strong views' RandomResizedCrop scale (data.crop_scale)
 
     @classmethod
     def build(cls, arrays: dict, labels: dict, device: torch.device) -> "TrainData":
@@ -54,7 +56,8 @@ class TrainData:
         return cls(x=t(arrays["x_train"]), noisy=t(labels["noisy"], torch.int64),
                    clean=t(labels["clean"], torch.int64), x_test=t(arrays["x_test"]),
                    y_test=t(arrays["y_test"], torch.int64), mean=tuple(arrays["mean"]),
-                   std=tuple(arrays["std"]), num_classes=int(labels["num_classes"]))
+                   std=tuple(arrays["std"]), num_classes=int(labels["num_classes"]),
+                   crop=arrays.get("crop"), crop_scale=tuple(arrays.get("crop_scale", cls.crop_scale)))
 
     @classmethod
     def load(cls, run_dir, device: torch.device) -> "TrainData":
@@ -74,7 +77,8 @@ class TrainData:
             raise CheckpointError(f"{labels_path}: corrupt labels file ({type(exc).__name__}); "
                                   f"delete it and rerun the noise stage") from None
         d = {"x_train": arrays.x_train, "y_train": arrays.y_train, "x_test": arrays.x_test,
-             "y_test": arrays.y_test, "mean": arrays.mean, "std": arrays.std}
+             "y_test": arrays.y_test, "mean": arrays.mean, "std": arrays.std,
+             "crop": arrays.crop, "crop_scale": arrays.crop_scale}
         return cls.build(d, labels, device)
 
     @property
@@ -144,9 +148,10 @@ def _views(x_uint8, g, data, strong: bool = True, n: int = 1):
     torch.compile (`compiled=True`) cut it from ~4×6 ms to ~1 ms per step."""
     x = x_uint8.repeat(n, 1, 1, 1) if n > 1 else x_uint8
     if strong:
-        v = augment.strong_augment(x, g, data.mean, data.std, compiled=is_cuda(x.device))
+        v = augment.strong_augment(x, g, data.mean, data.std, data.crop, scale=data.crop_scale,
+                                   compiled=is_cuda(x.device))
     else:
-        v = augment.weak_augment(x, g, data.mean, data.std)
+        v = augment.weak_augment(x, g, data.mean, data.std, crop=data.crop)
     v = v.contiguous(memory_format=memory_format(x.device))
     return v.chunk(n) if n > 1 else v
 
@@ -244,7 +249,7 @@ def run_selection(model, data: TrainData, pc: dict, epoch: int, z=None) -> Selec
     """Select T and G from z of the online network on un-augmented training images."""
     if z is None:
         dist.sync_buffers(model)
-        z, _ = embed(model, data.x, data.mean, data.std)
+        z, _ = embed(model, data.x, data.mean, data.std, crop=data.crop)
     return select(z, data.noisy, data.num_classes, k=pc["k"], alpha=pc["alpha"], beta=pc["beta"],
                   weighting=pc["knn_weighting"], seed=epoch, clean_labels=data.clean,
                   knn_index=knn_index_for(z.device, pc["knn_index"]))
@@ -492,7 +497,7 @@ def pretrain(cfg: dict, data: TrainData, warm: dict, device, ckpt: Checkpointer)
         t1 = time.perf_counter()
         # Per-epoch selection from the online network (§5), then the log.
         dist.sync_buffers(tr.model)             # gloo DDP: same BN statistics on every rank
-        z_tr, _ = embed(tr.model, data.x, data.mean, data.std)
+        z_tr, _ = embed(tr.model, data.x, data.mean, data.std, crop=data.crop)
         selection = run_selection(tr.model, data, pc, epoch, z=z_tr)
         if dist.world_size() > 1:     # T, ŷ and γ equal on every rank: a guard, once per epoch
             dist.check_same(f"the selection of epoch {epoch}",
@@ -504,7 +509,7 @@ def pretrain(cfg: dict, data: TrainData, warm: dict, device, ckpt: Checkpointer)
         row = {"epoch": epoch, "lr": tr.opt.param_groups[0]["lr"]}
         row.update({k: float(dist.average(torch.as_tensor(v))) / max(iters, 1) for k, v in sums.items()})
         row.update(_selection_log(selection))
-        z_te, _ = embed(tr.model, data.x_test, data.mean, data.std)
+        z_te, _ = embed(tr.model, data.x_test, data.mean, data.std, crop=data.crop)
         knn = weighted_knn_accuracy(z_tr, data.clean, z_te, data.y_test, C,
                                     k=min(cfg["evaluate"]["k"], data.n), sigma=cfg["evaluate"]["sigma"])
         row["knn_top1"] = knn["top1"]
@@ -568,8 +573,8 @@ def _train_classifier(model, data: TrainData, idx_pool: torch.Tensor, tc: dict, 
                     # The eager `model` (same weights): a CUDA-graph replay between the
                     # graphed forward and its backward would force cudagraph trees off.
                     with torch.no_grad(), autocast(device):
-                        _, clean_logits = model(augment.normalize(x, data.mean, data.std)
-                                              .contiguous(memory_format=memory_format(device)))
+                        _, clean_logits = model(augment.eval_view(x, data.mean, data.std, data.crop)
+                                                .contiguous(memory_format=memory_format(device)))
                     zb = clean_logits.float().argmax(1)
                 if bootstrap > 0 and bootstrap_start is not None and epoch > bootstrap_start:
                     loss = losses.mixup_bootstrap_loss(logits, y, y[perm], zb, zb[perm], lam, bootstrap)
@@ -580,7 +585,7 @@ def _train_classifier(model, data: TrainData, idx_pool: torch.Tensor, tc: dict, 
             opt.step()
             loss_sum += loss.detach()
         dist.sync_buffers(model)
-        acc = test_accuracy(model, data.x_test, data.y_test, data.mean, data.std)
+        acc = test_accuracy(model, data.x_test, data.y_test, data.mean, data.std, data.crop)
         history.append({"epoch": epoch, "loss": float(dist.average(loss_sum)) / iters, "test_acc": acc,
                         "lr": opt.param_groups[0]["lr"]})
         bar.set_postfix(loss=f"{history[-1]['loss']:.3f}", acc=f"{acc:.2f}")
@@ -632,8 +637,8 @@ def knn_report(model_state: dict, cfg: dict, data: TrainData, device) -> dict:
     """Weighted k-NN (§8) of the pre-trained encoder's z, clean- and noisy-label protocols."""
     model = make_model(cfg["model"], data.num_classes, device)
     model.load_state_dict(model_state)
-    z_tr, _ = embed(model, data.x, data.mean, data.std)
-    z_te, _ = embed(model, data.x_test, data.mean, data.std)
+    z_tr, _ = embed(model, data.x, data.mean, data.std, crop=data.crop)
+    z_te, _ = embed(model, data.x_test, data.mean, data.std, crop=data.crop)
     ec, C = cfg["evaluate"], data.num_classes
     k = min(ec["k"], data.n)
     out = {}

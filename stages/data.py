@@ -20,12 +20,19 @@ def run(name: str) -> None:
         # Name the key to fix: the imagefolder archive is `data.path`, CIFAR lives under `data.root`.
         key = "path" if dc["dataset"] == "imagefolder" else "root"
         raise DataError(f"settings.{name}.data.{key} = {dc[key]!r}: {exc}") from None
+    h, w = data.x_train.shape[2:]
+    if dc["crop"] is not None and dc["crop"] > min(h, w):
+        raise DataError(f"settings.{name}.data.crop = {dc['crop']}: larger than the stored "
+                        f"{w}×{h} images (data.image_size)")
+    data.crop, data.crop_scale = dc["crop"], tuple(dc["crop_scale"])   # the views' geometry
     out = run_dir(name)
     save_arrays(data, out / "data.npz")
     meta = {"dataset": dc["dataset"], "n_train": int(len(data.y_train)), "n_test": int(len(data.y_test)),
             "num_classes": len(data.classes), "classes": list(data.classes),
             "image_shape": list(data.x_train.shape[1:]), "mean": list(map(float, data.mean)),
             "std": list(map(float, data.std))}
+    if data.crop is not None:
+        meta.update(crop=int(data.crop), crop_scale=list(map(float, data.crop_scale)))
     if dc["path"]:
         meta["source_sha256"] = "folder" if os.path.isdir(dc["path"]) else sha256_file(dc["path"])
     write_json(out / "data.json", meta)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from selcl.selection import Selection, select
+from selcl.selection import Selection, class_balanced_count, select
 
 pytest.importorskip("faiss")
 
@@ -77,6 +77,20 @@ def reference_scores(name, k, weighting):
     return S, np.array(y_hat), np.array(loss), np.array(agree)
 
 
+def reference_n_sel(m, alpha):
+    """SPEC §5.5 / §10.1, read literally: α = 0.5 → the ⌈C/2⌉-th smallest m_c (the
+    lower median), 0 → min, 1 → max, else ⌊linear α-quantile⌋."""
+    m = sorted(int(v) for v in m)
+    if alpha == 0.5:
+        return m[math.ceil(len(m) / 2) - 1]
+    if alpha in (0.0, 1.0):
+        return min(m) if alpha == 0.0 else max(m)
+    h = (len(m) - 1) * alpha                       # numpy's linear method, by hand
+    lo = math.floor(h)
+    hi = min(lo + 1, len(m) - 1)
+    return math.floor(m[lo] + (h - lo) * (m[hi] - m[lo]))
+
+
 def reference_select(name, k, alpha, beta, weighting):
     """Steps 5–8: n_sel, T, γ, and the full N×N G (float64, brute force)."""
     z, noisy, _, C = make_case(name)
@@ -84,7 +98,7 @@ def reference_select(name, k, alpha, beta, weighting):
     n = len(yt)
     S, y_hat, loss, agree = reference_scores(name, k, weighting)
     m = [sum(agree[i] for i in range(n) if yt[i] == c) for c in range(C)]
-    n_sel = math.floor(np.quantile(m, alpha))
+    n_sel = reference_n_sel(m, alpha)
     T = np.zeros(n, bool)
     for c in range(C):
         members = sorted((i for i in range(n) if yt[i] == c), key=lambda i: (loss[i], i))
@@ -252,3 +266,123 @@ def test_cuda_matches_reference():
     assert m.is_cuda and torch.equal(m, gpu.pair_mask(i, i))
     cpu = Selection.from_state_dict(gpu.state_dict(), device="cpu")
     assert cpu.pair_mask(i, i).is_cuda                                     # CPU store, CUDA ids
+
+
+# --------------------------------------------------------------------------- n_sel, γ extremes
+
+# CIFAR-10 asymmetric pattern: five untouched classes agree almost everywhere, the five
+# source classes much less. Sorted: 3000 3100 3200 3300 3400 | 4900 4920 4940 4960 4980.
+M_ASYM = [4900, 3000, 3100, 3200, 4920, 3300, 4940, 4960, 3400, 4980]
+
+
+@pytest.mark.parametrize("alpha,expected", [
+    (0.5, 3400),               # the 5th smallest (lower median), not (3400 + 4900) / 2 = 4150
+    (0.0, 3000),
+    (1.0, 4980),
+    (0.25, 3225),              # h = 9·0.25 = 2.25: ⌊3200 + 0.25·(3300 − 3200)⌋
+])
+def test_n_sel_rule(alpha, expected):
+    assert class_balanced_count(M_ASYM, alpha) == expected
+    assert reference_n_sel(M_ASYM, alpha) == expected
+    if alpha == 0.5:           # the authors' torch.median
+        assert int(torch.median(torch.tensor(M_ASYM))) == expected
+
+
+def test_n_sel_lower_median_and_quantile_floor():
+    assert class_balanced_count([7, 1, 4, 10], 0.5) == 4          # even C: 2nd of 4
+    assert class_balanced_count([7, 1, 4], 0.5) == 4              # odd C: the median
+    assert class_balanced_count([5], 0.5) == 5
+    assert class_balanced_count([0, 10, 20, 31], 0.4) == 12       # 10 + 0.2·10 = 12
+    assert class_balanced_count([0, 10, 20, 31], 0.75) == 22      # 20 + 0.25·11 = 22.75
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        m = rng.integers(0, 500, rng.integers(1, 12))
+        for a in (0.0, 0.1, 0.25, 0.4, 0.5, 0.75, 0.9, 1.0):
+            assert class_balanced_count(m, a) == reference_n_sel(m, a)
+        assert class_balanced_count(m, 0.5) == int(torch.median(torch.from_numpy(m)))
+
+
+def test_select_uses_lower_median_for_even_classes():
+    """End to end: 10 classes, five agreeing much more than the other five (the
+    asymmetric-noise shape of SPEC §10.1); at α = 0.5 n_sel is the 5th smallest m_c."""
+    g = torch.Generator().manual_seed(5)
+    C, d = 10, 16
+    sizes = [60] * 5 + [60] * 5
+    y = torch.cat([torch.full((s,), c) for c, s in enumerate(sizes)])
+    z = unit(6 * torch.randn(C, d, generator=g)[y] + torch.randn(len(y), d, generator=g))
+    noisy = y.clone()
+    rng = np.random.default_rng(5)
+    for c in range(5):                     # classes 0-4: 20–28 of 60 relabelled at random
+        idx = np.flatnonzero(y.numpy() == c)[: 20 + 2 * c]
+        noisy[idx] = torch.from_numpy((c + 1 + rng.integers(0, C - 1, len(idx))) % C)
+    sel = select(z, noisy, C, k=10, alpha=0.5, beta=0.25)
+    # m_c recomputed from the agreement the selection saw: classes' T sizes bound it
+    _, _, loss, agree = _scores(z, noisy, C, 10)
+    m = np.bincount(noisy.numpy()[agree], minlength=C)
+    lo, hi = np.sort(m)[4], np.sort(m)[5]
+    assert hi - lo >= 2, m                 # two groups: the mean would differ
+    assert sel.n_per_class == lo == sel.stats["n_per_class"]
+    assert sel.n_per_class != math.floor((lo + hi) / 2)
+
+
+def _scores(z, noisy, C, k):
+    """ℓ and a of SPEC §5 steps 1–4 (uniform votes), vectorised float64 brute force."""
+    Z = z.double().numpy()
+    yt = noisy.numpy()
+    n = len(yt)
+    S = Z @ Z.T
+    np.fill_diagonal(S, -np.inf)
+    order = np.lexsort((np.broadcast_to(np.arange(n), (n, n)), -S), axis=1)[:, :k]
+    votes = np.zeros((n, C))
+    np.add.at(votes, (np.repeat(np.arange(n), k), yt[order].ravel()), 1)
+    y_hat = votes.argmax(1)
+    q = np.zeros((n, C))
+    np.add.at(q, (np.repeat(np.arange(n), k), y_hat[order].ravel()), 1)
+    q /= k
+    loss = -np.log(np.clip(q[np.arange(n), yt], 0.01, 0.99))
+    return S, y_hat, loss, q.argmax(1) == yt
+
+
+def cap_points(m):
+    """m unit vectors spread evenly (Fibonacci lattice) over the cap of the 2-sphere
+    within 60° of the pole, in the first 3 of 4 dims: sims in [−0.5, ≈0.999]."""
+    i = np.arange(m) + 0.5
+    h = 1 - 0.5 * i / m                                 # uniform in height = uniform in area
+    phi = i * math.pi * (3 - math.sqrt(5))
+    r = np.sqrt(1 - h ** 2)
+    pts = np.stack([r * np.cos(phi), r * np.sin(phi), h, np.zeros(m)], 1)
+    return torch.from_numpy(pts).float()
+
+
+@pytest.mark.parametrize("max_pairs", [10 ** 6, 1000])
+@pytest.mark.parametrize("beta", [0.0, 1.0])
+def test_extreme_beta_is_exact_over_large_G_prime(beta, max_pairs):
+    """β = 0 / 1 with |G′| > 10⁶: γ is the exact min / max over every ordered pair, not
+    the extreme of a sample. One class of 1,500 examples (2,248,500 ordered pairs), all
+    selected (α = 1). One pair (two ordered pairs) holds the unique extreme similarity:
+    a sample of 10⁶ would miss it with probability ≈ e^(−0.9) ≈ 0.4, one of 1,000 almost
+    surely; the exact rule never does."""
+    n = 1500
+    z = torch.zeros(n, 4)
+    a, b = 100, 1200                                     # the special pair, inside the data
+    keep = torch.ones(n, dtype=torch.bool)
+    keep[[a, b]] = False
+    z[keep] = cap_points(n - 2)
+    z[a] = torch.tensor([0.0, 0.0, 0.0, 1.0])            # orthogonal to the cap
+    if beta == 0.0:
+        z[b] = -z[a]                                     # sim −1; every other sim ≥ −0.5
+    else:
+        z[b] = unit(torch.tensor([[0.03, 0.0, 0.0, 1.0]]))[0]   # sim ≈ 0.99955 > cap's max
+    noisy = torch.zeros(n, dtype=torch.long)
+    sel = select(z, noisy, 1, k=10, alpha=1.0, beta=beta, max_pairs=max_pairs)
+    assert sel.examples.all() and sel.stats["n_pairs_G_prime"] == n * (n - 1) > 10 ** 6
+    assert sel.stats["threshold_sampled"] is False
+    # independent check: the full float64 N×N matrix (fine at this size)
+    S = z.double() @ z.double().T
+    off = S[~torch.eye(n, dtype=torch.bool)]
+    exact = float(off.min() if beta == 0.0 else off.max())
+    assert float(S[a, b]) == exact and (off == exact).sum() == 2     # unique extreme pair
+    runner_up = off[(off - exact).abs() > 1e-9]
+    runner_up = float(runner_up.min() if beta == 0.0 else runner_up.max())
+    assert abs(runner_up - exact) > 1e-4                              # a sample's extreme would be this
+    assert sel.threshold == pytest.approx(exact, abs=1e-6)
