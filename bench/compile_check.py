@@ -27,7 +27,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from selcl.config import load_params, resolve  # noqa: E402
-from selcl.device import describe, get_device, synchronize  # noqa: E402
+from selcl.device import knn_index_for, describe, get_device, synchronize  # noqa: E402
 from selcl.pairs import pair_rule  # noqa: E402
 from selcl.selection import select  # noqa: E402
 from selcl.train import lr_at, make_pretrainer, set_lr  # noqa: E402
@@ -45,7 +45,7 @@ def run(cfg, data, steps: int, compile_on: bool, device, n: int, B: int, perturb
                 p.mul_(1 + perturb * torch.randn(p.shape, device=device, generator=gp))
     g0 = torch.Generator(device=device).manual_seed(0)
     z = F.normalize(torch.randn(n, 128, device=device, generator=g0), dim=1)
-    sel = select(z, data.noisy, 10, k=50, alpha=0.5, beta=0.25)
+    sel = select(z, data.noisy, 10, k=50, alpha=0.5, beta=0.25, knn_index=knn_index_for(device))
     rule = pair_rule(sel, data.noisy, data.clean, selected_sets="T_G1_G2")
     T_idx = rule.examples.nonzero().squeeze(1)
     gen = torch.Generator(device=device).manual_seed(1)

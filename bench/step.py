@@ -23,7 +23,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from selcl.config import load_params, resolve  # noqa: E402
-from selcl.device import autocast, describe, get_device, synchronize  # noqa: E402
+from selcl.device import knn_index_for, autocast, describe, get_device, synchronize  # noqa: E402
 from selcl.pairs import pair_rule  # noqa: E402
 from selcl.selection import select  # noqa: E402
 from selcl.train import TrainData, _views, make_model, make_pretrainer, sgd, training_forward  # noqa: E402
@@ -77,7 +77,8 @@ def main() -> None:
     # Sel-CL step, with a full memory (read from epoch 4 on) and a real selection.
     tr = make_pretrainer(cfg, args.classes, device)      # its forwards: CUDA graphs on CUDA
     z = F.normalize(torch.randn(args.n, cfg["model"]["proj_dim"], device=device), dim=1)
-    sel = select(z, data.noisy, args.classes, k=min(250, args.n - 1), alpha=0.5, beta=0.25)
+    sel = select(z, data.noisy, args.classes, k=min(250, args.n - 1), alpha=0.5, beta=0.25,
+                 knn_index=knn_index_for(device))
     rule = pair_rule(sel, data.noisy, data.clean, selected_sets="T_G1_G2")
     T_idx = rule.examples.nonzero().squeeze(1)
     gen = torch.Generator(device=device).manual_seed(0)

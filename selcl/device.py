@@ -114,6 +114,11 @@ def compiled(model: torch.nn.Module, cuda_graphs: bool = True) -> torch.nn.Modul
     device = next(model.parameters()).device
     if not is_cuda(device) or os.environ.get("SELCL_COMPILE", "1").lower() in ("0", "false", "no"):
         return model
+    if not cuda_graphs:
+        # AOTAutograd donates saved buffers to the backward by default, which forbids a
+        # second backward through the same graph (retain_graph): turn that reuse off.
+        import torch._functorch.config as functorch_config
+        functorch_config.donated_buffer = False
     return torch.compile(model, mode="reduce-overhead" if cuda_graphs else "default")
 
 

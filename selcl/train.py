@@ -408,12 +408,14 @@ class Pretrainer:
             norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in g_sim]))
             torch._foreach_mul_(g_sim, torch.clamp(SIM_MAX_NORM / (norm + 1e-6), max=1.0))
         loss.backward()
+        for p in self.params:
+            # A parameter this loss does not reach (the classifier in the Uns-CL warm-up) gets a
+            # zero gradient, not none: as in the authors' loop (zero_grad zeroed), it still
+            # takes weight decay and keeps a momentum buffer (fused SGD needs every one).
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
         if g_sim is not None:
-            for p, g in zip(self.params, g_sim):
-                if p.grad is None:
-                    p.grad = g
-                else:
-                    p.grad.add_(g)
+            torch._foreach_add_([p.grad for p in self.params], g_sim)
         self.opt.step()
         self.ema.update(self.model)
 
