@@ -1,0 +1,114 @@
+"""The paper's ablation switches on the authors' iteration (SPEC §10.2): each one changes
+exactly the part of `Pretrainer.step` it names (Table 6: mixup, memory, classifier, L_SIM;
+Table 7: Sup-CL warm-up; the memory read from `memory_start_epoch`), seen through the
+arguments the step hands to `losses.selective_losses` and the parts it returns."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from selcl import losses
+from selcl.memory import KeyQueue, LabelledMemory
+from selcl.models import EMA, build_model
+from selcl.train import Pretrainer, TrainData
+
+N, B, C, H = 24, 6, 3, 12
+BASE = {"mixup": True, "classifier": True, "lambda_cls": 1.0, "sim_loss": True, "lambda_sim": 0.01,
+        "memory": True, "temperature": 0.1}
+
+
+def _setup(**pc):
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randint(0, 256, (N, 3, H, H), dtype=torch.uint8, generator=gen)
+    noisy = torch.randint(0, C, (N,), generator=gen)
+    data = TrainData(x=x, noisy=noisy, clean=noisy.clone(), x_test=x[:4], y_test=noisy[:4],
+                     mean=(0.5, 0.5, 0.5), std=(0.25, 0.25, 0.25), num_classes=C)
+    model = build_model("small", C, width=4, blocks=(1,), proj_dim=8, generator=torch.Generator().manual_seed(2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    tr = Pretrainer(model, EMA(model, 0.99), opt, KeyQueue(16, 8), LabelledMemory(4 * B, 8, C),
+                    torch.Generator().manual_seed(3), np.random.default_rng(0), {**BASE, **pc})
+    same = lambda i, j: noisy[i][:, None] == noisy[j][None, :]  # noqa: E731
+    rule = type("Rule", (), {"in_G": staticmethod(same)})
+    return tr, data, rule
+
+
+@pytest.fixture
+def spy(monkeypatch):
+    seen = []
+    real = losses.selective_losses
+
+    def wrapper(*args, **kwargs):
+        names = ("z_mix", "p_mix", "u", "lam", "anchor_ids", "partner_rows", "in_G", "batch", "memory",
+                 "temperature")
+        call = dict(zip(names, args), **kwargs)
+        seen.append(call)
+        return real(*args, **kwargs)
+    monkeypatch.setattr(losses, "selective_losses", wrapper)
+    return seen
+
+
+def _step(tr, data, rule, read_memory=True, **kw):
+    idx = torch.randperm(N, generator=torch.Generator().manual_seed(4))[:B]
+    tr.step(data, idx, rule, torch.arange(0, N, 2), read_memory=False)      # the memory holds a batch
+    return tr.step(data, idx.flip(0), rule, torch.arange(0, N, 2), read_memory=read_memory, **kw)
+
+
+def test_default_has_every_part(spy):
+    tr, data, rule = _setup()
+    out = _step(tr, data, rule)
+    call = spy[-1]
+    assert call["memory"] is not None and len(call["memory"].ids) == len(tr.memory) == 4 * B
+    assert call["u"] is not None and call.get("similarity", True)
+    assert not torch.equal(call["partner_rows"], torch.arange(2 * B)) and (call["lam"] < 1).any()
+    assert {"l_sel", "l_cls", "l_sim", "loss", "fallback"} <= set(out)
+
+
+def test_memory_is_read_only_when_asked(spy):
+    tr, data, rule = _setup()
+    _step(tr, data, rule, read_memory=False)        # before memory_start_epoch
+    assert spy[-1]["memory"] is None and len(tr.memory) == 4 * B   # but it is written
+
+
+def test_no_memory_queue(spy):
+    tr, data, rule = _setup(memory=False)
+    _step(tr, data, rule)
+    assert spy[-1]["memory"] is None
+
+
+def test_no_mixup_is_lambda_one_and_identity_partners(spy):
+    tr, data, rule = _setup(mixup=False)
+    _step(tr, data, rule)
+    call = spy[-1]
+    assert torch.equal(call["lam"], torch.ones(2 * B))
+    assert torch.equal(call["partner_rows"], torch.cat([torch.arange(B), torch.arange(B) + B]))
+
+
+def test_no_classifier_learning(spy):
+    tr, data, rule = _setup(classifier=False)
+    out = _step(tr, data, rule)
+    assert spy[-1]["similarity"] is False and "l_cls" not in out and "l_sim" not in out
+
+
+def test_no_similarity_loss(spy):
+    tr, data, rule = _setup(sim_loss=False)
+    out = _step(tr, data, rule)
+    assert spy[-1]["similarity"] is False and "l_sim" not in out and "l_cls" in out
+
+
+def test_sup_cl_warmup_has_no_uns_term_no_mixup_no_sim(spy):
+    tr, data, rule = _setup()
+    out = _step(tr, data, rule, read_memory=False, supervised_warmup=True)
+    call = spy[-1]
+    assert call["u"] is None and call["similarity"] is False and call["memory"] is None
+    assert torch.equal(call["lam"], torch.ones(2 * B)) and "l_cls" in out
+
+
+def test_uns_cl_warmup_fills_queue_and_memory():
+    tr, data, rule = _setup()
+    idx = torch.arange(B)
+    out = tr.uns_step(data, idx)
+    assert len(tr.queue) == B and len(tr.memory) == 2 * B and torch.equal(tr.memory.ids, torch.cat([idx, idx]))
+    assert set(out) == {"loss"} and torch.isfinite(out["loss"])
+    # every parameter took a step (the classifier too: zero gradient + weight decay / momentum state)
+    assert all(p.grad is not None for p in tr.model.parameters())
