@@ -99,6 +99,14 @@ class KeyQueue(_Ring):
         """keys [b, d] (any float dtype; stored detached as float32). b may exceed size."""
         self._write(keys=keys)
 
+    def fill_random(self, generator: torch.Generator) -> None:
+        """Start full of random negatives, as the authors' MemoryMoCo: every entry uniform in
+        [−s, s], s = 1/√(d/3) (not unit vectors); the first batches overwrite slot 0 onward."""
+        s = 1.0 / (self.dim / 3) ** 0.5
+        u = torch.rand(self.size, self.dim, generator=generator, device=generator.device)
+        self._bufs["keys"].copy_((2 * s * u - s).to(self._bufs["keys"]))
+        self.ptr, self.n = 0, self.size
+
 
 class LabelledMemory:
     """EMA memory of the selective contrastive loss (SPEC §6, §10.2.3).

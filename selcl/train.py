@@ -463,6 +463,8 @@ def make_pretrainer(cfg: dict, num_classes: int, device, warm: dict | None = Non
     if warm is not None:
         tr.load_state_dict(warm)          # random streams continue too: one run
         tr.ema.momentum = float(pc["ema"])
+    else:
+        queue.fill_random(g)              # the authors' MoCo queue starts full of random keys
     return tr
 
 

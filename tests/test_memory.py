@@ -138,3 +138,14 @@ def test_memory_on_device_state_dict_is_cpu(device):
     m2 = LabelledMemory(5, 3, 2, device)
     m2.load_state_dict(state)
     assert torch.equal(m2.feats, m.feats) and m2.ptr == m.ptr == 0
+
+
+def test_key_queue_fill_random_like_the_authors():
+    """MemoryMoCo starts full of uniform [−s, s] keys, s = 1/√(d/3); writing starts at slot 0."""
+    q = KeyQueue(6, 12)
+    q.fill_random(torch.Generator().manual_seed(0))
+    s = 1 / (12 / 3) ** 0.5
+    assert q.full and q.ptr == 0 and q.keys.abs().max() <= s and q.keys.std() > 0.1 * s
+    k = rows(torch.Generator().manual_seed(1), 2, 12)
+    q.enqueue(k)
+    assert torch.equal(q.keys[:2], k.float()) and q.full
