@@ -287,7 +287,7 @@ CASES = [
          setv(f"{S}.model.arch", "resnet18"), patch=no_cuda),
     Case("cuda_oom_pretrain", "pretrain", (f"{S}.pretrain.batch_size", "out of memory"),
          patch=oom_in("pretrain", "pretrain"), code=3),
-    Case("cuda_oom_warmup", "warmup", (f"{S}.warmup.batch_size",), patch=oom_in("warmup", "warmup"), code=3),
+    Case("cuda_oom_warmup", "warmup", (f"{S}.pretrain.batch_size",), patch=oom_in("warmup", "warmup"), code=3),
     Case("disk_full_writing_output", "noise", ("no space left", f"{RUN}/labels.npz"), patch=disk_full),
     Case("usage_without_setting", "data", ("usage",), setting=None),
 ]

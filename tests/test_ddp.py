@@ -104,7 +104,7 @@ def test_gathered_loss_gradient_equals_one_process(tmp_path):
 
 def test_training_stages_under_torchrun(tmp_path, tiny_upstream):
     """SELCL_NPROC=2: each training stage re-launches itself under torchrun (gloo)."""
-    write_params(tmp_path, tiny_params_dict(pretrain={"epochs": 3}))
+    write_params(tmp_path, tiny_params_dict(pretrain={"epochs": 4}))   # warm-up 1 + pre-training 3
     copy_upstream(tiny_upstream, tmp_path)
     (tmp_path / "runs" / SETTING / "warmup.pt").unlink()
     shutil.rmtree(tmp_path / "runs" / SETTING / "ckpt")   # one-process checkpoints: start over
@@ -123,13 +123,13 @@ def test_training_stages_under_torchrun(tmp_path, tiny_upstream):
 
 
 def test_batch_not_divisible_by_processes_is_one_clear_error(tmp_path, tiny_upstream):
-    write_params(tmp_path, tiny_params_dict(warmup={"batch_size": 33}))
+    write_params(tmp_path, tiny_params_dict(pretrain={"batch_size": 33}))   # the warm-up's loader too
     copy_upstream(tiny_upstream, tmp_path)
     proc = subprocess.run([PYTHON, str(STAGES / "warmup.py"), SETTING], cwd=tmp_path,
                           env=stage_env(SELCL_NPROC="2"), capture_output=True, text=True, timeout=600)
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
-        "error: settings.tiny.warmup.batch_size = 33: not divisible by the 2 torchrun processes (SELCL_NPROC)"]
+        "error: settings.tiny.pretrain.batch_size = 33: not divisible by the 2 torchrun processes (SELCL_NPROC)"]
 
 
 CLAIM = textwrap.dedent(r"""

@@ -53,7 +53,8 @@ def test_cuda_oom_names_the_batch_size(stage, tiny_upstream, tiny_params, tmp_pa
     assert exit_info.value.code == 3
     assert err.splitlines() == [err.strip()], err
     assert err.startswith("error: CUDA out of memory")
-    assert f"settings.{SETTING}.{stage}.batch_size" in err
+    section = "pretrain" if stage == "warmup" else stage      # the warm-up runs on pre-training's loader
+    assert f"settings.{SETTING}.{section}.batch_size" in err
     assert "Traceback" not in err
 
 
@@ -74,8 +75,9 @@ def test_cuda_oom_in_evaluate_gives_no_wrong_advice(tiny_upstream, tiny_params, 
 
 def test_cuda_oom_mid_training_keeps_the_last_checkpoint(tiny_upstream, tiny_params, tmp_path, monkeypatch,
                                                           capsys):
-    """OOM inside the real pre-training loop (epoch 2): exit 3 with the one error line
-    (progress bars aside), and the epoch-1 checkpoint stays loadable for the rerun."""
+    """OOM inside the real pre-training loop (its second epoch, global epoch 3): exit 3 with
+    the one error line (progress bars aside), and the checkpoint of its first epoch (global
+    epoch 2, after the warm-up's 1) stays loadable for the rerun."""
     import selcl.train
     copy_upstream(tiny_upstream, tmp_path)
     step, calls = selcl.train.Pretrainer.step, []
@@ -99,7 +101,7 @@ def test_cuda_oom_mid_training_keeps_the_last_checkpoint(tiny_upstream, tiny_par
     assert errors == [f"error: CUDA out of memory in stage pretrain: lower `settings.{SETTING}.pretrain."
                       f"batch_size` in params.yaml (or free the GPU)"], err
     assert "Traceback" not in err
-    assert checkpoint.load(tmp_path / RUN / "ckpt" / "pretrain.pt")["epoch"] == 1
+    assert checkpoint.load(tmp_path / RUN / "ckpt" / "pretrain.pt")["epoch"] == 2
     assert not (tmp_path / RUN / "pretrain.pt").exists()
 
 

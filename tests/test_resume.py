@@ -32,7 +32,8 @@ from conftest import PYTHON, ROOT, SETTING, TINY, make_tiny_inputs, stage_env
 from selcl import checkpoint
 
 RUN = Path("runs") / SETTING
-EPOCHS = TINY["pretrain"]["epochs"]
+EPOCHS = TINY["pretrain"]["epochs"] - TINY["warmup"].get("epochs", 1)   # pre-training's, after the warm-up
+FIRST = TINY["warmup"].get("epochs", 1) + 1                            # its first (global) epoch
 STEPS_PER_EPOCH = 200 // TINY["pretrain"]["batch_size"]        # 20 per class × 10, last batch dropped
 
 DRIVER = r'''
@@ -183,17 +184,17 @@ def test_pretrain_resumes_exactly_after_kill_9(tmp_path):
     proc_a = start_pretrain(a)
     proc_b = start_pretrain(b, driver, HANG_AFTER_STEP=STEPS_PER_EPOCH + 3)
     kill_when_hanging(proc_b, b)
-    assert ckpt_epoch(b) == 1
+    assert ckpt_epoch(b) == FIRST
     assert not (b / RUN / "pretrain.pt").exists()
     check_outputs_load(b)
 
     # Resume; killed inside the epoch-3 checkpoint write (after the epoch-2 save).
     proc_b = start_pretrain(b, driver, HANG_AT_CKPT_REPLACE=2)
     kill_when_hanging(proc_b, b)
-    assert ckpt_epoch(b) == 2, "the checkpoint must still be the last complete one"
+    assert ckpt_epoch(b) == FIRST + 1, "the checkpoint must still be the last complete one"
     orphans = check_outputs_load(b)
     assert [p.parent.name for p in orphans] == ["ckpt"], orphans
-    assert checkpoint.load(orphans[0])["epoch"] == 3          # complete, never renamed
+    assert checkpoint.load(orphans[0])["epoch"] == FIRST + 2  # complete, never renamed
 
     # Resume to the end: only the 2 missing epochs run.
     out = finish(start_pretrain(b, driver))
