@@ -111,7 +111,7 @@ def main() -> None:
         "",
         f"arch {args.arch}, batch {args.batch}, images {args.size}px, memory {tr.memory.size}, "
         f"{args.iters} timed iterations after 3 warm-up ones, "
-        f"{'eager' if args.eager or device.type != 'cuda' else 'CUDA graphs (torch.compile reduce-overhead)'}",
+        f"{'eager' if args.eager or device.type != 'cuda' else 'compiled: CE step and EMA as CUDA graphs (reduce-overhead); the Sel-CL online network without graphs (its graph is back-propagated twice for the clipped L_SIM gradient)'}",
         "",
         "| step | time (ms) |", "|---|---|",
         f"| Sel-CL pre-training step | {t_sel * 1e3:.1f} |",
