@@ -63,8 +63,7 @@ CIFAR100_MEAN, CIFAR100_STD = (0.5071, 0.4867, 0.4408), (0.2675, 0.2565, 0.2761)
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm")
 
 
-class DataError(Exception):
-    """A dataset cannot be found, read or decoded; the message says how to fix it."""
+from .errors import DataError  # noqa: F401 - raised here, defined with the other stage errors
 
 
 @dataclass
