@@ -21,11 +21,13 @@ if str(ROOT) not in sys.path:
 import torch  # noqa: E402
 
 from selcl import dist  # noqa: E402
-from selcl.checkpoint import CheckpointError, atomic_write_text  # noqa: E402
-from selcl.config import ConfigError, load_setting  # noqa: E402
-from selcl.data import DataError  # noqa: E402
+from selcl.atomic import atomic_write_text  # noqa: E402
+from selcl.config import load_setting  # noqa: E402
 from selcl.device import cuda_available, get_device  # noqa: E402
-from selcl.noise import NoiseError  # noqa: E402
+# The exceptions only: importing selcl.data / selcl.noise for them would make every
+# stage depend on the image loader and the noise model (dvc.yaml code deps).
+from selcl.errors import CheckpointError, ConfigError, DataError, NoiseError  # noqa: E402
+from selcl.stage_params import stage_view  # noqa: E402
 
 EXIT_BAD_INPUT = 2   # bad params / missing or corrupt input / full disk: one line on stderr
 EXIT_OOM = 3         # CUDA out of memory: the line names the batch size to lower
@@ -37,8 +39,18 @@ class StageError(RuntimeError):
     """Any other condition a stage reports as one line."""
 
 
+SCRATCH = Path("scratch")  # git- and dvc-ignored: resume state, never a DVC output
+
+
 def run_dir(name: str) -> Path:
     return Path("runs") / name
+
+
+def checkpoint_path(name: str, stage: str) -> Path:
+    """Resume state of one stage of one setting: scratch/<setting>/<stage>/checkpoint.pt.
+    Outside DVC's outputs (a `persist` output would turn DVC's run-cache off) and
+    removed once the stage has written its outputs."""
+    return SCRATCH / name / stage / "checkpoint.pt"
 
 
 def setting_from_argv() -> str:
@@ -63,7 +75,9 @@ def require_device(cfg: dict) -> torch.device:
 
 
 def load(name: str) -> dict:
-    return load_setting(name)
+    """The setting, validated, as this stage sees it: only the params it declares in
+    selcl/stage_params.py (its dvc.yaml dependency); reading any other key raises."""
+    return stage_view(load_setting(name), Path(sys.argv[0]).stem)
 
 
 def write_history(path: Path, rows: list[dict]) -> None:
@@ -77,6 +91,30 @@ def write_history(path: Path, rows: list[dict]) -> None:
     for row in rows:
         writer.writerow({k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in row.items()})
     atomic_write_text(path, buf.getvalue())
+
+
+def live_history(path: Path, also=None):
+    """A per-epoch callback for the training loops: rewrite the history CSV (atomically)
+    after every epoch, so `dvc plots show` draws a run in progress. `also(history)`
+    writes derived files (the Fig. 3 panels). Under torchrun only rank 0 writes."""
+    def write(history: list[dict]) -> None:
+        if dist.is_main():
+            write_history(path, history)
+            if also is not None:
+                also(history)
+    return write
+
+
+# Paper Fig. 3 panels: plots/<panel>/<setting>.csv, one small file per panel so that the
+# top-level `plots:` of dvc.yaml (one definition per folder) draw each as its own chart.
+FIG3_PANELS = {"fig3a_T": ("precision_T", "recall_T"), "fig3b_size_T": ("n_selected",),
+               "fig3c_G": ("precision_G",), "fig3d_knn": ("knn_top1",)}
+
+
+def write_fig3_panels(name: str, history: list[dict]) -> None:
+    for panel, fields in FIG3_PANELS.items():
+        rows = [{"epoch": h["epoch"], **{f: h[f] for f in fields if f in h}} for h in history]
+        write_history(Path("plots") / panel / f"{name}.csv", rows)
 
 
 def _one_line(text: str) -> str:

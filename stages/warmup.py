@@ -1,5 +1,5 @@
 """Stage `warmup@<setting>`: Uns-CL warm-up (SPEC §4) → runs/<setting>/warmup.pt."""
-from common import check_sizes, load, main, require_device, run_dir, write_history
+from common import check_sizes, checkpoint_path, live_history, load, main, require_device, run_dir, write_history
 
 from selcl import checkpoint, dist
 from selcl.train import TrainData, warmup
@@ -12,12 +12,13 @@ def run(name: str) -> None:
     data = TrainData.load(out, device)
     check_sizes(cfg, data.n, ("warmup",))
     fp = checkpoint.fingerprint("warmup", cfg["model"], cfg["warmup"], checkpoint.file_digest(out / "labels.npz"))
-    ckpt = checkpoint.Checkpointer(out / "ckpt" / "warmup.pt", fp, cfg["warmup"]["checkpoint_every"])
-    state = warmup(cfg, data, device, ckpt)
+    ckpt = checkpoint.Checkpointer(checkpoint_path(name, "warmup"), fp, cfg["warmup"]["checkpoint_every"])
+    state = warmup(cfg, data, device, ckpt, on_epoch=live_history(out / "warmup_history.csv"))
     if not dist.is_main():      # torchrun: rank 0 writes the outputs
         return
     checkpoint.save(state, out / "warmup.pt")
     write_history(out / "warmup_history.csv", state["history"])
+    ckpt.discard()              # outputs written: the resume state is no longer needed
 
 
 if __name__ == "__main__":
