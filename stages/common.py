@@ -93,28 +93,14 @@ def write_history(path: Path, rows: list[dict]) -> None:
     atomic_write_text(path, buf.getvalue())
 
 
-def live_history(path: Path, also=None):
+def live_history(path: Path):
     """A per-epoch callback for the training loops: rewrite the history CSV (atomically)
-    after every epoch, so `dvc plots show` draws a run in progress. `also(history)`
-    writes derived files (the Fig. 3 panels). Under torchrun only rank 0 writes."""
+    after every epoch, so `dvc plots show` draws a run in progress. Under torchrun only
+    rank 0 writes."""
     def write(history: list[dict]) -> None:
         if dist.is_main():
             write_history(path, history)
-            if also is not None:
-                also(history)
     return write
-
-
-# Paper Fig. 3 panels: plots/<panel>/<setting>.csv, one small file per panel so that the
-# top-level `plots:` of dvc.yaml (one definition per folder) draw each as its own chart.
-FIG3_PANELS = {"fig3a_T": ("precision_T", "recall_T"), "fig3b_size_T": ("n_selected",),
-               "fig3c_G": ("precision_G",), "fig3d_knn": ("knn_top1",)}
-
-
-def write_fig3_panels(name: str, history: list[dict]) -> None:
-    for panel, fields in FIG3_PANELS.items():
-        rows = [{"epoch": h["epoch"], **{f: h[f] for f in fields if f in h}} for h in history]
-        write_history(Path("plots") / panel / f"{name}.csv", rows)
 
 
 def _one_line(text: str) -> str:

@@ -1,10 +1,7 @@
 """Stage `pretrain@<setting>`: Sel-CL pre-training with per-epoch selection (SPEC §5, §6)
-→ runs/<setting>/pretrain.pt, pretrain_history.csv, pretrain.json, and the paper's
-Fig. 3 panels plots/<panel>/<setting>.csv (rewritten after every epoch)."""
-from functools import partial
-
-from common import (check_sizes, checkpoint_path, live_history, load, main, require_device, run_dir,
-                    write_fig3_panels, write_history)
+→ runs/<setting>/pretrain.pt, pretrain.json and pretrain_history.csv (rewritten after
+every epoch: the paper's Fig. 3 in `dvc plots show`)."""
+from common import check_sizes, checkpoint_path, live_history, load, main, require_device, run_dir, write_history
 
 from selcl import checkpoint, dist
 from selcl.device import describe
@@ -21,16 +18,13 @@ def run(name: str) -> None:
     fp = checkpoint.fingerprint("pretrain", cfg["model"], cfg["warmup"], cfg["pretrain"], cfg["evaluate"],
                                 checkpoint.file_digest(out / "warmup.pt"))
     ckpt = checkpoint.Checkpointer(checkpoint_path(name, "pretrain"), fp, cfg["pretrain"]["checkpoint_every"])
-    panels = partial(write_fig3_panels, name)
-    state = pretrain(cfg, data, warm, device, ckpt,
-                     on_epoch=live_history(out / "pretrain_history.csv", also=panels))
+    state = pretrain(cfg, data, warm, device, ckpt, on_epoch=live_history(out / "pretrain_history.csv"))
     if not dist.is_main():      # torchrun: rank 0 writes the outputs
         return
     timing = state.pop("timing")
     checkpoint.save(state, out / "pretrain.pt")
     write_history(out / "pretrain_timing.csv", timing)   # wall-clock, not reproducible
     write_history(out / "pretrain_history.csv", state["history"])
-    panels(state["history"])
     last = state["history"][-1]
     summary = {k: last[k] for k in ("n_selected", "n_per_class", "threshold", "n_pairs", "precision_T",
                                     "recall_T", "precision_G", "pseudo_label_accuracy", "knn_top1")
