@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import os
 from collections import OrderedDict
 from pathlib import Path
 
@@ -111,7 +112,10 @@ class Checkpointer:
     def discard(self) -> None:
         """The stage's outputs are written: the resume state has served its purpose.
         Removing it (and its folder, when empty) keeps every version of a long run's
-        state out of the disk and out of DVC, whose run-cache needs no persistent outputs."""
+        state out of the disk and out of DVC, whose run-cache needs no persistent outputs.
+        SELCL_KEEP_CHECKPOINTS=1 keeps it (to inspect the saved state, as tests do)."""
+        if os.environ.get("SELCL_KEEP_CHECKPOINTS") == "1":
+            return
         self.path.unlink(missing_ok=True)
         for folder in (self.path.parent, self.path.parent.parent):
             try:

@@ -191,7 +191,7 @@ CASES = [
     Case("unknown_key_in_defaults", "data", ("defaults.noise.sede", "did you mean 'seed'"),
          setv("defaults.noise.sede", 1)),
     Case("unknown_section", "data", (f"{S}.pretrian", "did you mean 'pretrain'"), setv(f"{S}.pretrian", {})),
-    Case("missing_section", "data", (f"{S}.pretrain", "missing section"), delv(f"{S}.pretrain")),
+    Case("section_not_a_mapping", "data", (f"{S}.pretrain", "mapping"), setv(f"{S}.pretrain", [1])),
     Case("missing_defaults_section", "data", ("defaults.evaluate", "missing section"),
          delv("defaults.evaluate")),
     Case("unknown_top_level_key", "data", ("setings", "did you mean 'settings'"), setv("setings", {})),
