@@ -85,7 +85,7 @@ def _plot_learning(name: str, hist: list[dict], ft: list[dict], bl: list[dict], 
         ax.set_xlabel("pre-training epoch")
         ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)
-        if b:
+        if b and hist:
             ax.legend(fontsize=8)
     fig.suptitle(name, fontsize=11)
     fig.tight_layout()
