@@ -73,7 +73,7 @@ def repo(tmp_path_factory) -> Path:
     sh(["git", "add", "-A"], dst)
     sh(["git", "commit", "-qm", "tiny"], dst)
     proc = sh([str(BIN / "python"), "tools/demo.py"], dst)          # = make demo
-    (dst / "demo.log").write_text(proc.stdout + proc.stderr)
+    (dst.parent / "demo.log").write_text(proc.stdout + proc.stderr)   # outside the repo
     return dst
 
 
