@@ -43,11 +43,15 @@ def tiny_folder(tmp_path_factory):
 
 
 def preset():
-    return copy.deepcopy(repo_params()["settings"]["webvision50"])
+    """The setting as written (sparse: only what differs from defaults), every section present."""
+    from selcl.config import SECTIONS
+    p = copy.deepcopy(repo_params()["settings"]["webvision50"])
+    return {s: p.get(s) or {} for s in SECTIONS}
 
 
 def test_preset_is_the_papers_webvision_setting():
-    p = preset()
+    from selcl.config import resolve
+    p = resolve(repo_params(), "webvision50")         # defaults + the setting's overrides
     assert p["model"]["arch"] == "resnet18" and p["data"]["image_size"] == 224
     assert p["data"]["dataset"] == "imagefolder"
     assert p["pretrain"]["batch_size"] == 64 and p["pretrain"]["epochs"] == 130
