@@ -23,7 +23,8 @@ READS: dict[str, dict[str, object]] = {
     "warmup": {"model": ALL, "warmup": ALL},
     # the MoCo queue is carried over from the warm-up; k-NN accuracy is logged per epoch
     "pretrain": {"model": ALL, "warmup": ["queue_size"], "pretrain": ALL, "evaluate": ["k", "sigma"]},
-    "finetune": {"model": ALL, "finetune": ALL},
+    # pretrain.alpha: only named in the error for an empty final selection T
+    "finetune": {"model": ALL, "finetune": ALL, "pretrain": ["alpha"]},
     "evaluate": {"model": ALL, "evaluate": ALL},
     "baseline": {"model": ALL, "baseline": ALL},
 }

@@ -10,7 +10,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from selcl.config import load_params  # noqa: E402
+from selcl.config import load_params, validate  # noqa: E402
 from selcl.errors import ConfigError  # noqa: E402
 from selcl.report import build_report, load_tables  # noqa: E402
 
@@ -19,7 +19,9 @@ EXIT_BAD_INPUT = 2
 
 def main() -> None:
     try:
-        run = load_params()["run"]
+        params = load_params()
+        validate(params)             # the whole file: `run` names settings that exist, …
+        run = params["run"]
         configs = {}
         for name in run:
             path = Path("runs") / name / "config" / "params.json"
