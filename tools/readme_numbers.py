@@ -28,7 +28,15 @@ BLOCK = re.compile(r"(<!-- demo-numbers -->\n)(.*?)(\n<!-- /demo-numbers -->)", 
 LABELS = {"demo_sym40": "40 % symmetric noise", "demo_asym40": "40 % asymmetric noise"}
 
 
+NOT_RECORDED = ("No demo run is recorded for this version yet: run `make demo && python "
+                "tools/readme_numbers.py --from demo` to record its report in `bench/results/demo/` "
+                "and print its numbers here.")
+
+
 def render(record: Path = RECORD, params_path: Path = ROOT / "params.yaml") -> str:
+    """The README sentence for the recorded demo report (or says there is none)."""
+    if not (record / "metrics").is_dir():
+        return NOT_RECORDED
     params = load_params(params_path)
     parts = []
     for name in params["suites"]["demo"]:
