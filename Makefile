@@ -1,33 +1,44 @@
 # Quickstart: `make demo` then `make test`.
 PYTHON ?= python3
-VENV   := .venv
-BIN    := $(VENV)/bin
-STAMP  := $(VENV)/.installed
+
+# Inside the container (docker/Dockerfile sets SELCL_CONTAINER=1) every target uses the
+# image's environment (/opt/venv, with the repo on PYTHONPATH): the host's .venv is
+# mounted with the repo but its interpreter does not exist in the image.
+ifdef SELCL_CONTAINER
+BIN   := $(VIRTUAL_ENV)/bin
+STAMP :=
+else
+VENV  := .venv
+BIN   := $(VENV)/bin
+STAMP := $(VENV)/.installed
+endif
+# stages run `python` and `dvc` from PATH: this environment's
+RUN := PATH="$(abspath $(BIN)):$$PATH"
 
 .PHONY: demo paper test bench venv lint
 
+ifndef SELCL_CONTAINER
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[dev]'
 	touch $(STAMP)
+endif
 
 venv: $(STAMP)
 
-## The demo suite (scikit-learn digits, small network, CPU) through DVC.
+## The demo suite (scikit-learn digits, small network, CPU) as the DVC experiment `demo`
+## (tools/demo.py): params.yaml, dvc.lock, runs/ and reports/ stay as committed; the
+## report is copied to demo/README.md.
 demo: $(STAMP)
-	$(BIN)/python tools/use_suite.py demo
-	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/dvc repro
-	@echo ""
-	@echo "Report: $(CURDIR)/reports/README.md"
+	$(RUN) $(BIN)/python tools/demo.py
 
-## The paper suite (needs a CUDA GPU; run inside the container: docker/run.sh make paper).
+## The paper suite: params.yaml `run` (needs a CUDA GPU; in the container: docker/run.sh make paper).
 paper: $(STAMP)
-	$(BIN)/python tools/use_suite.py paper
-	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/dvc repro
+	$(RUN) $(BIN)/dvc repro
 	@echo "Report: $(CURDIR)/reports/README.md"
 
 test: $(STAMP)
-	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -q
+	$(RUN) $(BIN)/python -m pytest -q
 
 ## CPU-sized benchmarks (on a CUDA machine: bench/gpu.sh path/to/cifar10-jpeg.tar.gz).
 bench: $(STAMP)

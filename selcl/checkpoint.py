@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import os
 from collections import OrderedDict
 from pathlib import Path
 
@@ -19,8 +20,7 @@ from .atomic import atomic_path, atomic_write_bytes, atomic_write_text, write_js
 from . import dist
 
 
-class CheckpointError(RuntimeError):
-    """A checkpoint or stage input that cannot be used; the message names the file."""
+from .errors import CheckpointError  # noqa: F401 - raised here, defined with the other stage errors
 
 
 def _canonical(obj, strings: dict, seen: dict):
@@ -108,6 +108,20 @@ class Checkpointer:
             print(f"[checkpoint] {self.path} belongs to other params/inputs: starting fresh")
             return None
         return state
+
+    def discard(self) -> None:
+        """The stage's outputs are written: the resume state has served its purpose.
+        Removing it (and its folder, when empty) keeps every version of a long run's
+        state out of the disk and out of DVC, whose run-cache needs no persistent outputs.
+        SELCL_KEEP_CHECKPOINTS=1 keeps it (to inspect the saved state, as tests do)."""
+        if os.environ.get("SELCL_KEEP_CHECKPOINTS") == "1":
+            return
+        self.path.unlink(missing_ok=True)
+        for folder in (self.path.parent, self.path.parent.parent):
+            try:
+                folder.rmdir()
+            except OSError:          # not empty (another stage's state) or already gone
+                break
 
     def maybe_save(self, epoch: int, total: int, state_fn) -> None:
         if epoch % self.every == 0 or epoch == total:

@@ -2,7 +2,7 @@
 
 A setting's config is `defaults.<section>` updated by `settings.<name>.<section>`
 for each section (data, noise, model, warmup, pretrain, finetune, evaluate,
-baseline). Validation is strict: unknown keys are rejected with a "did you mean",
+baseline); a section or key the setting does not write keeps its default. Validation is strict: unknown keys are rejected with a "did you mean",
 types follow the schema below, ranges (α, β, rates in [0, 1]; K ≥ 1; epochs ≥ 1)
 and names (dataset, noise, arch, …) are checked. Every error is a `ConfigError`
 whose message names the full key, e.g. `settings.demo_sym40.pretrain.alpha`.
@@ -19,8 +19,7 @@ import yaml
 SECTIONS = ("data", "noise", "model", "warmup", "pretrain", "finetune", "evaluate", "baseline")
 
 
-class ConfigError(ValueError):
-    """A bad value in params.yaml; the message names the key."""
+from .errors import ConfigError  # noqa: F401 - raised here, defined with the other stage errors
 
 
 # --- value checks -----------------------------------------------------------------
@@ -221,16 +220,15 @@ def validate_setting(params: dict, name: str) -> None:
         raise ConfigError("settings: expected a mapping of setting name -> sections")
     if name not in settings:
         raise ConfigError(f"settings.{name}: no such setting{_did_you_mean(name, settings)}")
-    setting = settings[name]
+    setting = settings[name] if settings[name] is not None else {}
     if not isinstance(setting, dict):
         raise ConfigError(f"settings.{name}: expected a mapping of sections")
     for section in setting:
         if section not in SCHEMA:
             raise ConfigError(f"settings.{name}.{section}: unknown section{_did_you_mean(section, SCHEMA)}")
-    for section in SECTIONS:
-        if section not in setting:
-            # DVC tracks settings.<name>.<section>: it must exist, `{}` for "no override".
-            raise ConfigError(f"settings.{name}.{section}: missing section (write `{section}: {{}}`)")
+    # A setting writes only what differs from `defaults`: a missing section (or key)
+    # means "no change". (DVC tracks the resolved values, runs/<name>/config/.)
+    for section in setting:
         _check_section(f"settings.{name}.{section}", section, setting[section] or {}, complete=False)
     cfg = resolve(params, name, validated=True)
     _check_consistency(name, cfg)
@@ -271,7 +269,7 @@ def resolve(params: dict, name: str, *, validated: bool = False) -> dict:
     """The effective config of one setting: defaults updated section by section."""
     if not validated:
         validate_setting(params, name)
-    setting = params["settings"][name]
+    setting = params["settings"][name] or {}
     cfg = {}
     for section in SECTIONS:
         merged = copy.deepcopy(params["defaults"][section])

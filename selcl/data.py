@@ -65,8 +65,7 @@ DEFAULT_CROP_SCALE = (0.08, 1.0)   # SPEC §3 RandomResizedCrop scale (CIFAR)
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm")
 
 
-class DataError(Exception):
-    """A dataset cannot be found, read or decoded; the message says how to fix it."""
+from .errors import DataError  # noqa: F401 - raised here, defined with the other stage errors
 
 
 @dataclass

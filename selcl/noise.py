@@ -28,8 +28,7 @@ import numpy as np
 NOISE_KINDS = ("none", "sym", "asym", "file")
 
 
-class NoiseError(ValueError):
-    """Bad noise parameters or an unusable noisy-label file."""
+from .errors import NoiseError  # noqa: F401 - raised here, defined with the other stage errors
 
 
 # CIFAR-100 fine id → coarse (superclass) id: a fixed fact of the dataset (the

@@ -208,7 +208,7 @@ def _generators(seed: int, device):
 
 
 # ------------------------------------------------------------------- warm-up (§4)
-def warmup(cfg: dict, data: TrainData, device, ckpt: Checkpointer):
+def warmup(cfg: dict, data: TrainData, device, ckpt: Checkpointer, on_epoch=None):
     """Global epochs 1..warmup.epochs of the one pre-training run (SPEC §4, §10.3).
 
     uns_cl (paper): MoCo only, query from view 1 (online), key from view 2 (EMA), negatives
@@ -240,6 +240,8 @@ def warmup(cfg: dict, data: TrainData, device, ckpt: Checkpointer):
         row = {"epoch": epoch, "lr": tr.opt.param_groups[0]["lr"]}
         row.update({k: float(dist.average(torch.as_tensor(v))) / max(iters, 1) for k, v in sums.items()})
         history.append(row)
+        if on_epoch:
+            on_epoch(history)           # live history (the stage rewrites its CSV)
         ckpt.maybe_save(epoch, wc["epochs"], lambda: {**tr.state_dict(), "history": history, "epoch": epoch})
     return {**tr.state_dict(), "history": history}
 
@@ -432,11 +434,6 @@ class Pretrainer:
             _set_rng_state(self.g, self.np_rng, state["rng"], self.order)
 
 
-# What the warm-up reads of the `pretrain` section (one loader, one optimiser, one lr
-# schedule, the memory's size, the mixup switch; Sup-CL also L_CLS): its fingerprint, so
-# that an α / β / K sweep keeps the warm-up.
-WARMUP_PRETRAIN_KEYS = ("batch_size", "lr", "lr_warmup_epochs", "lr_decay_epochs", "lr_decay", "momentum",
-                        "weight_decay", "queue_per_class", "mixup", "temperature", "lambda_cls", "classifier")
 SIM_MAX_NORM = 0.25     # the authors clip the gradient of λ_s·L_SIM to this total norm
 
 
@@ -468,7 +465,7 @@ def make_pretrainer(cfg: dict, num_classes: int, device, warm: dict | None = Non
     return tr
 
 
-def pretrain(cfg: dict, data: TrainData, warm: dict, device, ckpt: Checkpointer):
+def pretrain(cfg: dict, data: TrainData, warm: dict, device, ckpt: Checkpointer, on_epoch=None):
     """Sel-CL pre-training, global epochs warmup.epochs + 1 .. pretrain.epochs (SPEC §10.3),
     selection after every epoch (the first one from the warm-up's network)."""
     pc, C = cfg["pretrain"], data.num_classes
@@ -518,6 +515,8 @@ def pretrain(cfg: dict, data: TrainData, warm: dict, device, ckpt: Checkpointer)
                                     k=min(cfg["evaluate"]["k"], data.n), sigma=cfg["evaluate"]["sigma"])
         row["knn_top1"] = knn["top1"]
         history.append(row)
+        if on_epoch:
+            on_epoch(history)           # live history (the stage rewrites its CSV)
         # wall-clock seconds, kept apart from the (bit-reproducible) history and out of
         # the checkpoint (after a resume it lists the epochs run since)
         timing.append({"epoch": epoch, "train_s": t1 - t0, "select_s": t2 - t1,
@@ -535,7 +534,7 @@ def pretrain(cfg: dict, data: TrainData, warm: dict, device, ckpt: Checkpointer)
 # ------------------------------------------------------- classifier training (§7)
 def _train_classifier(model, data: TrainData, idx_pool: torch.Tensor, tc: dict, device, ckpt, *,
                       desc: str, seed: int, mixup_alpha: float | None, bootstrap: float = 0.0,
-                      bootstrap_start: int | None = None, strong: bool = False):
+                      bootstrap_start: int | None = None, strong: bool = False, on_epoch=None):
     """Shared loop of Sel-CL+ fine-tuning and the CE baseline: SGD on `idx_pool`
     with noisy labels, test accuracy after every epoch."""
     opt = sgd(model, tc)
@@ -593,6 +592,8 @@ def _train_classifier(model, data: TrainData, idx_pool: torch.Tensor, tc: dict, 
         history.append({"epoch": epoch, "loss": float(dist.average(loss_sum)) / iters, "test_acc": acc,
                         "lr": opt.param_groups[0]["lr"]})
         bar.set_postfix(loss=f"{history[-1]['loss']:.3f}", acc=f"{acc:.2f}")
+        if on_epoch:
+            on_epoch(history)           # live history (the stage rewrites its CSV)
         ckpt.maybe_save(epoch, tc["epochs"], lambda: {
             "model": model.state_dict(), "opt": opt.state_dict(), "rng": _rng_state(g, np_rng, order),
             "history": history, "epoch": epoch})
@@ -605,7 +606,7 @@ def summarise(history: list, eval_last: int) -> dict:
             "test_acc_mean_last": float(np.mean(accs[-eval_last:])), "test_acc_best": max(accs)}
 
 
-def finetune(cfg: dict, data: TrainData, pre: dict, device, ckpt: Checkpointer):
+def finetune(cfg: dict, data: TrainData, pre: dict, device, ckpt: Checkpointer, on_epoch=None):
     """Sel-CL+: keep the encoder, re-initialise the classifier, train everything on T
     with noisy labels: mixup CE (epochs 1–30), then mixup + hard bootstrapping (B = 0.2)."""
     fc = cfg["finetune"]
@@ -622,18 +623,18 @@ def finetune(cfg: dict, data: TrainData, pre: dict, device, ckpt: Checkpointer):
     history = _train_classifier(model, data, T_idx, tc, device, ckpt, desc="fine-tune",
                                 seed=cfg["model"]["seed"] * 1000 + 3, mixup_alpha=fc["mixup_alpha"],
                                 bootstrap=fc["bootstrap"], bootstrap_start=fc["bootstrap_start"],
-                                strong=fc["augment"] == "strong")
+                                strong=fc["augment"] == "strong", on_epoch=on_epoch)
     return {"model": model.state_dict(), "history": history, "n_train": int(len(T_idx))}
 
 
-def baseline(cfg: dict, data: TrainData, device, ckpt: Checkpointer):
+def baseline(cfg: dict, data: TrainData, device, ckpt: Checkpointer, on_epoch=None):
     """Standard cross-entropy on all noisy labels, same network and weak augmentation."""
     bc = cfg["baseline"]
     model = make_model(cfg["model"], data.num_classes, device)
     tc = dict(bc, lr_warmup_epochs=0)
     everyone = torch.arange(data.n, device=device)
     history = _train_classifier(model, data, everyone, tc, device, ckpt, desc="CE baseline",
-                                seed=cfg["model"]["seed"] * 1000 + 4, mixup_alpha=None)
+                                seed=cfg["model"]["seed"] * 1000 + 4, mixup_alpha=None, on_epoch=on_epoch)
     return {"model": model.state_dict(), "history": history}
 
 

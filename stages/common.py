@@ -21,11 +21,13 @@ if str(ROOT) not in sys.path:
 import torch  # noqa: E402
 
 from selcl import dist  # noqa: E402
-from selcl.checkpoint import CheckpointError, atomic_write_text  # noqa: E402
-from selcl.config import ConfigError, load_setting  # noqa: E402
-from selcl.data import DataError  # noqa: E402
+from selcl.atomic import atomic_write_text  # noqa: E402
+from selcl.config import load_setting  # noqa: E402
 from selcl.device import cuda_available, get_device  # noqa: E402
-from selcl.noise import NoiseError  # noqa: E402
+# The exceptions only: importing selcl.data / selcl.noise for them would make every
+# stage depend on the image loader and the noise model (dvc.yaml code deps).
+from selcl.errors import CheckpointError, ConfigError, DataError, NoiseError  # noqa: E402
+from selcl.stage_params import stage_view  # noqa: E402
 
 EXIT_BAD_INPUT = 2   # bad params / missing or corrupt input / full disk: one line on stderr
 EXIT_OOM = 3         # CUDA out of memory: the line names the batch size to lower
@@ -38,8 +40,18 @@ class StageError(RuntimeError):
     """Any other condition a stage reports as one line."""
 
 
+SCRATCH = Path("scratch")  # git- and dvc-ignored: resume state, never a DVC output
+
+
 def run_dir(name: str) -> Path:
     return Path("runs") / name
+
+
+def checkpoint_path(name: str, stage: str) -> Path:
+    """Resume state of one stage of one setting: scratch/<setting>/<stage>/checkpoint.pt.
+    Outside DVC's outputs (a `persist` output would turn DVC's run-cache off) and
+    removed once the stage has written its outputs."""
+    return SCRATCH / name / stage / "checkpoint.pt"
 
 
 def setting_from_argv() -> str:
@@ -64,7 +76,9 @@ def require_device(cfg: dict) -> torch.device:
 
 
 def load(name: str) -> dict:
-    return load_setting(name)
+    """The setting, validated, as this stage sees it: only the params it declares in
+    selcl/stage_params.py (its dvc.yaml dependency); reading any other key raises."""
+    return stage_view(load_setting(name), Path(sys.argv[0]).stem)
 
 
 def write_history(path: Path, rows: list[dict]) -> None:
@@ -78,6 +92,16 @@ def write_history(path: Path, rows: list[dict]) -> None:
     for row in rows:
         writer.writerow({k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in row.items()})
     atomic_write_text(path, buf.getvalue())
+
+
+def live_history(path: Path):
+    """A per-epoch callback for the training loops: rewrite the history CSV (atomically)
+    after every epoch, so `dvc plots show` draws a run in progress. Under torchrun only
+    rank 0 writes."""
+    def write(history: list[dict]) -> None:
+        if dist.is_main():
+            write_history(path, history)
+    return write
 
 
 def _one_line(text: str) -> str:
@@ -146,8 +170,9 @@ def check_batch_split(cfg: dict, section: str, nproc: int) -> None:
                          f"{nproc} torchrun processes (SELCL_NPROC)")
 
 
-def check_sizes(cfg: dict, n_train: int, sections=("pretrain", "finetune", "baseline")) -> None:
-    """Batch sizes and K must fit the training set: say which key, before any work."""
+def check_sizes(cfg: dict, n_train: int, sections=("pretrain", "finetune", "baseline"), k: bool = True) -> None:
+    """Batch sizes and K must fit the training set: say which key, before any work
+    (k=False: the warm-up, which reads pre-training's batch size but not its K)."""
     name = cfg["name"]
     for section in sections:
         bs = cfg[section]["batch_size"]
@@ -155,6 +180,6 @@ def check_sizes(cfg: dict, n_train: int, sections=("pretrain", "finetune", "base
             raise StageError(f"settings.{name}.{section}.batch_size = {bs}: larger than the "
                              f"{n_train} training images")
         check_batch_split(cfg, section, dist.world_size())
-    if "pretrain" in sections and cfg["pretrain"]["k"] >= n_train:
+    if k and "pretrain" in sections and cfg["pretrain"]["k"] >= n_train:
         raise StageError(f"settings.{name}.pretrain.k = {cfg['pretrain']['k']}: must be smaller than "
                          f"the {n_train} training images")

@@ -6,7 +6,8 @@ import os
 from common import load, main, require_device, run_dir
 
 from selcl.checkpoint import write_json
-from selcl.data import DataError, load_dataset, save_arrays, sha256_file
+from selcl.data import load_dataset, save_arrays, sha256_file
+from selcl.errors import DataError
 
 
 def run(name: str) -> None:

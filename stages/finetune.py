@@ -1,6 +1,6 @@
 """Stage `finetune@<setting>`: Sel-CL+ fine-tuning on the final T (SPEC §7)
 → runs/<setting>/finetune.pt, finetune_history.csv (plots), finetune.json (metrics)."""
-from common import StageError, load, main, require_device, run_dir, write_history
+from common import StageError, checkpoint_path, live_history, load, main, require_device, run_dir, write_history
 
 from selcl import checkpoint, dist
 from selcl.train import TrainData, finetune, summarise
@@ -19,8 +19,8 @@ def run(name: str) -> None:
         raise StageError(f"settings.{name}.pretrain.alpha = {cfg['pretrain']['alpha']}: the final "
                          f"selection T is empty, nothing to fine-tune on (lower alpha or k)")
     fp = checkpoint.fingerprint("finetune", cfg["model"], cfg["finetune"], checkpoint.file_digest(out / "pretrain.pt"))
-    ckpt = checkpoint.Checkpointer(out / "ckpt" / "finetune.pt", fp, cfg["finetune"]["checkpoint_every"])
-    state = finetune(cfg, data, pre, device, ckpt)
+    ckpt = checkpoint.Checkpointer(checkpoint_path(name, "finetune"), fp, cfg["finetune"]["checkpoint_every"])
+    state = finetune(cfg, data, pre, device, ckpt, on_epoch=live_history(out / "finetune_history.csv"))
     if not dist.is_main():      # torchrun: rank 0 writes the outputs
         return
     checkpoint.save({"model": state["model"]}, out / "finetune.pt")
@@ -28,6 +28,7 @@ def run(name: str) -> None:
     metrics = summarise(state["history"], cfg["finetune"]["eval_last"])
     metrics["n_train"] = state["n_train"]
     checkpoint.write_json(out / "finetune.json", metrics)
+    ckpt.discard()              # outputs written: the resume state is no longer needed
     print(f"[finetune] {name}: Sel-CL+ test acc {metrics['test_acc_mean_last']:.2f} "
           f"(mean of last {cfg['finetune']['eval_last']}), final {metrics['test_acc_last']:.2f}")
 

@@ -4,9 +4,10 @@ import zipfile
 import numpy as np
 from common import load, main, require_device, run_dir
 
-from selcl.checkpoint import CheckpointError, atomic_path, write_json
+from selcl.checkpoint import atomic_path, write_json
+from selcl.errors import CheckpointError, NoiseError
 from selcl.data import load_arrays
-from selcl.noise import NoiseError, make_noisy_labels, realised_noise_rate, transition_matrix
+from selcl.noise import make_noisy_labels, realised_noise_rate, transition_matrix
 
 
 def run(name: str) -> None:

@@ -1,6 +1,7 @@
 """Stage `pretrain@<setting>`: Sel-CL pre-training with per-epoch selection (SPEC §5, §6)
-→ runs/<setting>/pretrain.pt, pretrain_history.csv (plots), pretrain.json (metrics)."""
-from common import check_sizes, load, main, require_device, run_dir, write_history
+→ runs/<setting>/pretrain.pt, pretrain.json and pretrain_history.csv (rewritten after
+every epoch: the paper's Fig. 3 in `dvc plots show`)."""
+from common import check_sizes, checkpoint_path, live_history, load, main, require_device, run_dir, write_history
 
 from selcl import checkpoint, dist
 from selcl.device import describe
@@ -16,8 +17,8 @@ def run(name: str) -> None:
     warm = checkpoint.load(out / "warmup.pt", what="warm-up output")
     fp = checkpoint.fingerprint("pretrain", cfg["model"], cfg["warmup"], cfg["pretrain"], cfg["evaluate"],
                                 checkpoint.file_digest(out / "warmup.pt"))
-    ckpt = checkpoint.Checkpointer(out / "ckpt" / "pretrain.pt", fp, cfg["pretrain"]["checkpoint_every"])
-    state = pretrain(cfg, data, warm, device, ckpt)
+    ckpt = checkpoint.Checkpointer(checkpoint_path(name, "pretrain"), fp, cfg["pretrain"]["checkpoint_every"])
+    state = pretrain(cfg, data, warm, device, ckpt, on_epoch=live_history(out / "pretrain_history.csv"))
     if not dist.is_main():      # torchrun: rank 0 writes the outputs
         return
     timing = state.pop("timing")
@@ -25,11 +26,12 @@ def run(name: str) -> None:
     write_history(out / "pretrain_timing.csv", timing)   # wall-clock, not reproducible
     write_history(out / "pretrain_history.csv", state["history"])
     last = state["history"][-1]
-    metrics = {k: last[k] for k in ("n_selected", "n_per_class", "threshold", "n_pairs", "precision_T",
+    summary = {k: last[k] for k in ("n_selected", "n_per_class", "threshold", "n_pairs", "precision_T",
                                     "recall_T", "precision_G", "pseudo_label_accuracy", "knn_top1")
                if k in last}
-    metrics["env"] = describe(device)
-    checkpoint.write_json(out / "pretrain.json", metrics)
+    summary["env"] = describe(device)     # for the report's environment table (not a DVC metric)
+    checkpoint.write_json(out / "pretrain.json", summary)
+    ckpt.discard()              # outputs written: the resume state is no longer needed
 
 
 if __name__ == "__main__":

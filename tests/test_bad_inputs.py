@@ -29,6 +29,7 @@ from conftest import (ROOT, SETTING, copy_upstream, load_stage, tiny_params_dict
 
 S = f"settings.{SETTING}"
 RUN = Path("runs") / SETTING
+CKPT = Path("scratch") / SETTING          # resume state: CKPT/<stage>/checkpoint.pt
 
 
 # ----------------------------------------------------------------------------- edits
@@ -191,7 +192,6 @@ CASES = [
     Case("unknown_key_in_defaults", "data", ("defaults.noise.sede", "did you mean 'seed'"),
          setv("defaults.noise.sede", 1)),
     Case("unknown_section", "data", (f"{S}.pretrian", "did you mean 'pretrain'"), setv(f"{S}.pretrian", {})),
-    Case("missing_section", "data", (f"{S}.pretrain", "missing section"), delv(f"{S}.pretrain")),
     Case("missing_defaults_section", "data", ("defaults.evaluate", "missing section"),
          delv("defaults.evaluate")),
     Case("unknown_top_level_key", "data", ("setings", "did you mean 'settings'"), setv("setings", {})),
@@ -252,12 +252,13 @@ CASES = [
     Case("noise_asym_map_wrong_dataset", "noise", (f"{S}.noise.asym_map", "num_classes=100"),
          setv(f"{S}.noise", {"kind": "asym", "rate": 0.2, "asym_map": "cifar100"})),
     # --- stage inputs and checkpoints
-    Case("corrupt_pretrain_checkpoint", "pretrain", (f"{RUN}/ckpt/pretrain.pt", "corrupt"),
-         write_file(f"{RUN}/ckpt/pretrain.pt", b"\x00garbage\xff" * 100)),
-    Case("truncated_warmup_checkpoint", "warmup", (f"{RUN}/ckpt/warmup.pt", "corrupt"),
-         write_file(f"{RUN}/ckpt/warmup.pt", truncated(f"{RUN}/ckpt/warmup.pt"))),
-    Case("checkpoint_not_of_this_pipeline", "warmup", (f"{RUN}/ckpt/warmup.pt", "not a checkpoint"),
-         write_file(f"{RUN}/ckpt/warmup.pt", lambda f: _torch_bytes([1, 2, 3]))),
+    Case("corrupt_pretrain_checkpoint", "pretrain", (f"{CKPT}/pretrain/checkpoint.pt", "corrupt"),
+         write_file(f"{CKPT}/pretrain/checkpoint.pt", b"\x00garbage\xff" * 100)),
+    # a real torch file cut short (the warm-up output; its own checkpoint is deleted on completion)
+    Case("truncated_warmup_checkpoint", "warmup", (f"{CKPT}/warmup/checkpoint.pt", "corrupt"),
+         write_file(f"{CKPT}/warmup/checkpoint.pt", truncated(f"{RUN}/warmup.pt"))),
+    Case("checkpoint_not_of_this_pipeline", "warmup", (f"{CKPT}/warmup/checkpoint.pt", "not a checkpoint"),
+         write_file(f"{CKPT}/warmup/checkpoint.pt", lambda f: _torch_bytes([1, 2, 3]))),
     Case("corrupt_warmup_output", "pretrain", (f"{RUN}/warmup.pt", "corrupt"),
          write_file(f"{RUN}/warmup.pt", b"PK\x03\x04 not a zip")),
     Case("corrupt_pretrain_output", "finetune", (f"{RUN}/pretrain.pt", "corrupt"),
@@ -314,15 +315,15 @@ def test_bad_input(case: Case, tiny_upstream, tmp_path, monkeypatch, capsys):
     # A folder with real upstream outputs of the setting plus unrelated earlier results.
     copy_upstream(tiny_upstream, tmp_path)
     (tmp_path / RUN / "pretrain.pt").write_bytes(b"previous pre-training output")
-    (tmp_path / "runs" / "other" / "ckpt").mkdir(parents=True)
-    (tmp_path / "runs" / "other" / "ckpt" / "pretrain.pt").write_bytes(b"another setting's checkpoint")
+    (tmp_path / "scratch" / "other" / "pretrain").mkdir(parents=True)
+    (tmp_path / "scratch" / "other" / "pretrain" / "checkpoint.pt").write_bytes(b"another setting's checkpoint")
     params = tiny_params_dict()
     text = case.edit(params, tmp_path) if case.edit else None
     if text is None:
         write_params(tmp_path, params)
     elif text:
         (tmp_path / "params.yaml").write_text(text)
-    before = tree_digest(tmp_path / "runs")
+    before = tree_digest(tmp_path / "runs"), tree_digest(tmp_path / "scratch")
     if case.patch:
         case.patch(monkeypatch, tmp_path)
     monkeypatch.setenv("SELCL_DEVICE", "cpu")
@@ -345,7 +346,8 @@ def test_bad_input(case: Case, tiny_upstream, tmp_path, monkeypatch, capsys):
     assert "Traceback" not in line
     for part in case.expect:
         assert part in line, f"{part!r} not named in: {line}"
-    assert tree_digest(tmp_path / "runs") == before, "runs/ changed although the stage failed"
+    assert (tree_digest(tmp_path / "runs"), tree_digest(tmp_path / "scratch")) == before, \
+        "runs/ or scratch/ changed although the stage failed"
 
 
 def test_case_table_covers_the_issue():

@@ -13,7 +13,6 @@
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 import textwrap
@@ -107,8 +106,8 @@ def test_training_stages_under_torchrun(tmp_path, tiny_upstream):
     write_params(tmp_path, tiny_params_dict(pretrain={"epochs": 4}))   # warm-up 1 + pre-training 3
     copy_upstream(tiny_upstream, tmp_path)
     (tmp_path / "runs" / SETTING / "warmup.pt").unlink()
-    shutil.rmtree(tmp_path / "runs" / SETTING / "ckpt")   # one-process checkpoints: start over
-    env = stage_env(SELCL_NPROC="2", SELCL_ALLOW_CPU="1")
+    # keep the resume state after each stage, to check what a DDP checkpoint holds
+    env = stage_env(SELCL_NPROC="2", SELCL_ALLOW_CPU="1", SELCL_KEEP_CHECKPOINTS="1")
     for stage in ("warmup", "pretrain", "finetune", "baseline"):
         proc = subprocess.run([PYTHON, str(STAGES / f"{stage}.py"), SETTING], cwd=tmp_path, env=env,
                               capture_output=True, text=True, timeout=600)
@@ -118,7 +117,7 @@ def test_training_stages_under_torchrun(tmp_path, tiny_upstream):
         assert (run / name).exists(), name
     hist = (run / "pretrain_history.csv").read_text().splitlines()
     assert len(hist) == 1 + 3                         # header + one row per epoch, written once
-    ckpt = torch.load(run / "ckpt" / "pretrain.pt", weights_only=False)
+    ckpt = torch.load(tmp_path / "scratch" / SETTING / "pretrain" / "checkpoint.pt", weights_only=False)
     assert len(ckpt["rng"]["ranks"]) == 2             # both ranks' RNG states: exact resume
 
 

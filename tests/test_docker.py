@@ -25,3 +25,18 @@ def test_dockerfile_and_run_script():
     run = (ROOT / "docker" / "run.sh").read_text()
     for needle in ("--gpus", "--ipc=host", "id -u", "/workspace"):
         assert needle in run, needle
+
+
+def test_make_in_the_container_uses_the_image_environment():
+    """docker/run.sh make paper: /opt/venv's dvc and python, never the host's .venv
+    (mounted with the repo, its interpreter does not exist in the image)."""
+    import os
+    import subprocess
+    docker = (ROOT / "docker" / "Dockerfile").read_text()
+    assert "SELCL_CONTAINER=1" in docker and "VIRTUAL_ENV=/opt/venv" in docker
+    env = dict(os.environ, SELCL_CONTAINER="1", VIRTUAL_ENV="/opt/venv")
+    for target in ("paper", "demo", "test"):
+        out = subprocess.run(["make", "-n", target], cwd=ROOT, env=env, capture_output=True, text=True,
+                             check=True).stdout
+        assert "/opt/venv/bin/" in out and ".venv" not in out.replace("/opt/venv", ""), out
+        assert "pip install" not in out, out

@@ -66,14 +66,45 @@ def test_code_deps_are_the_import_closure():
             f"extra {sorted(stage_code_deps(stage) - closure)}")
 
 
-def test_per_setting_stages_track_their_own_sections():
+def test_per_setting_stages_depend_on_exactly_their_params():
+    """Each per-setting stage depends on runs/<setting>/config/<stage>.json (written by
+    config@<setting> from selcl/stage_params.READS), not on params.yaml: a stage reruns
+    only when a key it reads changes."""
+    from selcl.stage_params import READS
     stages = load_dvc()["stages"]
-    expected = {"noise": {"noise"}, "warmup": {"model", "warmup"},
-                "finetune": {"finetune"}, "baseline": {"model", "baseline"}}
-    for name, sections in expected.items():
-        params = stages[name]["do"]["params"]
-        own = {p.split(".")[2] for p in params if isinstance(p, str) and p.startswith("settings.")}
-        assert sections <= own, f"{name} must track settings.<name>.{sections}"
-    # pre-training never depends on fine-tuning params
-    pre = stages["pretrain"]["do"]["params"]
-    assert not any("finetune" in p for p in pre)
+    assert stages["config"]["do"]["params"] == ["defaults", "settings.${item}"]
+    for name in READS:
+        do = stages[name]["do"]
+        assert "params" not in do, f"{name} must not track params.yaml directly"
+        assert f"runs/${{item}}/config/{name}.json" in do["deps"], name
+    # the issue's examples: t-SNE size and fine-tuning never rerun pre-training
+    assert READS["pretrain"]["evaluate"] == ["k", "sigma"]
+    assert "finetune" not in READS["pretrain"] and "evaluate" not in READS["finetune"]
+
+
+def test_stage_view_rejects_undeclared_keys():
+    """A stage that reads a key it does not declare fails at once (dvc.yaml stays honest)."""
+    import pytest
+    from selcl.stage_params import stage_view
+    cfg = {"name": "s", "model": {"arch": "small"}, "data": {"dataset": "digits"},
+           "evaluate": {"k": 1, "sigma": 0.1, "tsne_points": 5}}
+    view = stage_view(cfg, "data")
+    assert view["data"]["dataset"] == "digits" and view["model"]["arch"] == "small"
+    with pytest.raises(KeyError, match="stage_params.py"):
+        view["evaluate"]
+    with pytest.raises(KeyError, match=r"model\.width"):
+        view["model"]["width"]
+
+
+def test_outputs_allow_the_run_cache():
+    """No `persist` output (it turns the run-cache off), and every output of a training
+    stage is cached or a metric/plot (DVC saves no run-cache entry for a stage with a
+    plain `cache: false` output)."""
+    stages = load_dvc()["stages"]
+    for name, stage in stages.items():
+        do = stage.get("do", stage)
+        for out in do.get("outs", []):
+            props = next(iter(out.values())) if isinstance(out, dict) else {}
+            assert not props.get("persist"), f"{name}: persist output {out}"
+            if name not in ("config", "report"):        # always_changed / cheap, never cached
+                assert props.get("cache", True), f"{name}: plain cache: false output {out}"

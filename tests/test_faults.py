@@ -101,7 +101,7 @@ def test_cuda_oom_mid_training_keeps_the_last_checkpoint(tiny_upstream, tiny_par
     assert errors == [f"error: CUDA out of memory in stage pretrain: lower `settings.{SETTING}.pretrain."
                       f"batch_size` in params.yaml (or free the GPU)"], err
     assert "Traceback" not in err
-    assert checkpoint.load(tmp_path / RUN / "ckpt" / "pretrain.pt")["epoch"] == 2
+    assert checkpoint.load(tmp_path / "scratch" / SETTING / "pretrain" / "checkpoint.pt")["epoch"] == 2
     assert not (tmp_path / RUN / "pretrain.pt").exists()
 
 

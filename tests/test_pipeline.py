@@ -1,10 +1,13 @@
 """End to end through DVC on a tiny version of the demo (issue: the pipeline).
 
 One module-scoped clone of the repository (git + DVC) with the demo suite shrunk to
-seconds per stage. Checks: a fresh `dvc repro` builds the report with figures; `dvc
-status` is then clean and a second repro reruns nothing; changing α of one setting
-reruns exactly that setting's pretrain, finetune, evaluate and the report; changing a
-fine-tuning param never reruns pre-training; queued experiments run two at a time.
+seconds per stage, built once by `tools/demo.py` (what `make demo` runs) and then
+applied to the workspace. Checks: the demo leaves every tracked file as committed; its
+report has figures; a second repro reruns no stage; changing α of one setting reruns
+exactly that setting's pretrain, finetune, evaluate and the report, and changing it back
+restores them from the run-cache without training; `evaluate.tsne_points` and
+fine-tuning params never rerun pre-training; a changed label in a noise file reruns
+`noise`; queued experiments run two at a time.
 """
 from __future__ import annotations
 
@@ -48,11 +51,11 @@ def sh(cmd: list[str], cwd: Path, check: bool = True) -> subprocess.CompletedPro
 
 
 def tiny_params(path: Path) -> None:
+    """Shrink the demo settings; `run` stays the committed (paper) suite."""
     params = yaml.safe_load(path.read_text())
     for name in params["suites"]["demo"]:
         for section, values in TINY.items():
-            params["settings"][name][section].update(values)
-    params["run"] = list(params["suites"]["demo"])
+            params["settings"][name].setdefault(section, {}).update(values)
     path.write_text(yaml.safe_dump(params, sort_keys=False))
 
 
@@ -69,60 +72,143 @@ def repo(tmp_path_factory) -> Path:
     sh(["git", "init", "-q"], dst)
     sh(["git", "add", "-A"], dst)
     sh(["git", "commit", "-qm", "tiny"], dst)
-    sh(["dvc", "repro"], dst)
+    proc = sh([str(BIN / "python"), "tools/demo.py"], dst)          # = make demo
+    (dst.parent / "demo.log").write_text(proc.stdout + proc.stderr)   # outside the repo
     return dst
 
 
+@pytest.fixture(scope="module")
+def applied(repo) -> Path:
+    """The demo experiment brought into the workspace (`dvc exp apply demo`)."""
+    sh(["dvc", "exp", "apply", "demo"], repo)
+    return repo
+
+
 def ran_stages(output: str) -> set[str]:
-    return set(re.findall(r"Running stage '([^']+)'", output))
+    """Stages that ran their command; the `config` stages run on every repro (they
+    check the input files) and are left out."""
+    return {s for s in re.findall(r"Running stage '([^']+)'", output) if not s.startswith("config@")}
+
+
+def restored_stages(output: str) -> set[str]:
+    return set(re.findall(r"Stage '([^']+)' is cached - skipping run", output))
 
 
 def status(repo: Path) -> dict:
-    return json.loads(sh(["dvc", "status", "--json"], repo).stdout or "{}")
+    """`dvc status` without the always-changed `config` stages."""
+    st = json.loads(sh(["dvc", "status", "--json"], repo).stdout or "{}")
+    return {k: v for k, v in st.items() if v != ["always changed"]}
 
 
 def set_param(repo: Path, setting: str, section: str, key: str, value) -> None:
     path = repo / "params.yaml"
     params = yaml.safe_load(path.read_text())
-    params["settings"][setting][section][key] = value
+    params["settings"][setting].setdefault(section, {})[key] = value
     path.write_text(yaml.safe_dump(params, sort_keys=False))
 
 
-def test_fresh_repro_builds_the_report(repo):
+def test_demo_leaves_the_workspace_as_committed(repo):
+    """`make demo` (tools/demo.py) changes no tracked file and leaves nothing to add:
+    the result is the experiment `demo`, its report a copy under the ignored demo/."""
+    assert sh(["git", "status", "--porcelain"], repo).stdout == ""
+    params = yaml.safe_load((repo / "params.yaml").read_text())
+    assert params["run"] == params["suites"]["paper"]
+    assert not (repo / "dvc.lock").exists() and not (repo / "runs").exists()
+    assert "| demo_sym40 |" in (repo / "demo" / "README.md").read_text()
+    assert "demo" in sh(["dvc", "exp", "list", "--name-only"], repo).stdout.split()
+    assert not (repo / "scratch").exists() or not any((repo / "scratch").rglob("*.pt"))
+
+
+def test_fresh_repro_builds_the_report(applied):
+    repo = applied
     report = (repo / "reports" / "README.md").read_text()
     for name in ("demo_sym40", "demo_asym40"):
         assert f"| {name} |" in report
         assert f"figures/{name}_learning.png" in report
         assert (repo / "reports" / "figures" / f"{name}_learning.png").stat().st_size > 1000
         assert (repo / "reports" / "figures" / f"{name}_tsne.png").exists()
-    metrics = json.loads((repo / "reports" / "metrics.json").read_text())
-    assert set(metrics) == {"demo_sym40", "demo_asym40"}
-    assert all(0 <= m["selcl_plus_test_acc"] <= 100 for m in metrics.values())
+    for name in ("demo_sym40", "demo_asym40"):     # numbers only, one file per setting
+        metrics = json.loads((repo / "reports" / "metrics" / f"{name}.json").read_text())
+        assert 0 <= metrics["selcl_plus"] <= 100
+        assert all(isinstance(v, (int, float)) for v in metrics.values())
+    assert set(json.loads((repo / "reports" / "metrics.json").read_text())) == {"mean_gain_over_ce"}
+    assert "budget" in report and "1 + 2 + 2 = 5 / 2" in report    # every accuracy with its epochs
 
 
-def test_status_clean_and_second_repro_reruns_nothing(repo):
+def test_status_clean_and_second_repro_reruns_nothing(applied):
+    repo = applied
     assert status(repo) == {}
     out = sh(["dvc", "repro"], repo).stdout
     assert ran_stages(out) == set(), out
 
 
-def test_alpha_reruns_exactly_that_settings_training(repo):
+def test_alpha_reruns_exactly_that_settings_training(applied):
+    repo = applied
     set_param(repo, "demo_sym40", "pretrain", "alpha", 0.25)
-    assert set(status(repo)) == {"pretrain@demo_sym40"}
     out = sh(["dvc", "repro"], repo).stdout
     assert ran_stages(out) == {"pretrain@demo_sym40", "finetune@demo_sym40", "evaluate@demo_sym40",
                                "report"}, out
     assert status(repo) == {}
 
 
-def test_finetune_param_never_reruns_pretraining(repo):
+def test_alpha_back_restores_from_the_run_cache(applied):
+    """α A → B (previous test) → A: A's stages come back from the run-cache, no training."""
+    repo = applied
+    assert not (repo / "scratch").exists() or not any((repo / "scratch").rglob("*.pt"))
+    set_param(repo, "demo_sym40", "pretrain", "alpha", 0.5)
+    out = sh(["dvc", "repro"], repo).stdout
+    assert ran_stages(out) == {"report"}, out
+    assert restored_stages(out) == {"pretrain@demo_sym40", "finetune@demo_sym40", "evaluate@demo_sym40"}, out
+    assert status(repo) == {}
+
+
+def test_tsne_points_never_reruns_pretraining(applied):
+    repo = applied
+    set_param(repo, "demo_sym40", "evaluate", "tsne_points", 30)
+    out = sh(["dvc", "repro"], repo).stdout
+    assert ran_stages(out) == {"evaluate@demo_sym40", "report"}, out
+
+
+def test_finetune_param_never_reruns_pretraining(applied):
+    repo = applied
     set_param(repo, "demo_asym40", "finetune", "lr", 0.02)
-    assert set(status(repo)) == {"finetune@demo_asym40"}
     out = sh(["dvc", "repro"], repo).stdout
     assert ran_stages(out) == {"finetune@demo_asym40", "report"}, out
 
 
-def test_paper_suite_on_cpu_stops_at_once(repo):
+def test_changed_label_file_reruns_noise(applied):
+    """noise.file is a dependency through its content: one changed label reruns noise
+    (and would rerun what follows); the unchanged file reruns nothing."""
+    import numpy as np
+    repo = applied
+    with np.load(repo / "runs" / "demo_sym40" / "labels.npz") as f:
+        noisy = f["noisy"].copy()
+    (repo / "data").mkdir(exist_ok=True)
+    np.save(repo / "data" / "labels.npy", noisy)          # the same labels, from a file
+    set_param(repo, "demo_sym40", "noise", "kind", "file")
+    set_param(repo, "demo_sym40", "noise", "file", "data/labels.npy")
+    out = sh(["dvc", "repro", "-s", "config@demo_sym40", "noise@demo_sym40"], repo).stdout
+    assert "noise@demo_sym40" in ran_stages(out), out
+    assert sh(["dvc", "status", "warmup@demo_sym40"], repo).stdout.strip().endswith("up to date."), \
+        "the same labels from a file must give the same labels.npz"
+    noisy[0] = (noisy[0] + 1) % 10
+    np.save(repo / "data" / "labels.npy", noisy)          # one label changed
+    out = sh(["dvc", "repro", "-s", "config@demo_sym40", "noise@demo_sym40"], repo).stdout
+    assert "noise@demo_sym40" in ran_stages(out), out
+    assert {"warmup@demo_sym40", "baseline@demo_sym40"} <= set(status(repo)), status(repo)
+    out = sh(["dvc", "repro", "-s", "config@demo_sym40", "noise@demo_sym40"], repo).stdout
+    assert ran_stages(out) == set(), out                  # file unchanged since: nothing reruns
+    # back to the committed noise for the experiments below (data/ is not in git)
+    path = repo / "params.yaml"
+    params = yaml.safe_load(path.read_text())
+    params["settings"]["demo_sym40"]["noise"] = {"rate": 0.4}
+    path.write_text(yaml.safe_dump(params, sort_keys=False))
+    sh(["dvc", "repro"], repo)
+    assert status(repo) == {}
+
+
+def test_paper_suite_on_cpu_stops_at_once(applied):
+    repo = applied
     env_has_cuda = subprocess.run([sys.executable, "-c", "import torch; print(torch.cuda.is_available())"],
                                   capture_output=True, text=True).stdout.strip() == "True"
     if env_has_cuda:
@@ -133,10 +219,11 @@ def test_paper_suite_on_cpu_stops_at_once(repo):
     assert not (repo / "runs" / "cifar10_sym20").exists()
 
 
-def test_three_queued_experiments_two_workers(repo):
+def test_three_queued_experiments_two_workers(applied):
     """Issue (reliability): three queued demo experiments with `dvc queue start -j 2`
     complete without lock errors or mixed outputs."""
     import time
+    repo = applied
     sh(["git", "add", "-A"], repo)
     sh(["git", "commit", "-qm", "baseline results"], repo)
     alphas = (0.25, 0.5, 0.75)
@@ -160,12 +247,13 @@ def test_three_queued_experiments_two_workers(repo):
     for exp in _iter_exps(show):
         params = exp.get("params", {}).get("params.yaml", {}).get("data", {})
         alpha = params.get("settings", {}).get("demo_sym40", {}).get("pretrain", {}).get("alpha")
-        metrics = exp.get("metrics", {}).get("reports/metrics.json", {}).get("data", {})
+        metrics = {k: v for k, v in exp.get("metrics", {}).items() if k.startswith("reports/metrics/")}
         if alpha in alphas and metrics:
             seen[alpha] = metrics
     assert set(seen) == set(alphas), json.dumps(show)[:2000]
     for alpha, metrics in seen.items():
-        assert set(metrics) == {"demo_sym40"}        # each experiment's own run list, not mixed
+        # each experiment's own run list, not mixed
+        assert set(metrics) == {"reports/metrics/demo_sym40.json"}, metrics
 
 
 def _iter_exps(node):

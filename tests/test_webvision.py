@@ -48,7 +48,10 @@ def tiny_folder(tmp_path_factory):
 
 
 def preset():
-    return copy.deepcopy(repo_params()["settings"]["webvision50"])
+    """The setting as written (sparse: only what differs from defaults), every section present."""
+    from selcl.config import SECTIONS
+    p = copy.deepcopy(repo_params()["settings"]["webvision50"])
+    return {s: p.get(s) or {} for s in SECTIONS}
 
 
 def test_preset_is_the_papers_webvision_setting():
@@ -90,7 +93,7 @@ def test_defaults_keep_cifar_views():
     assert d["crop"] is None and d["crop_scale"] == [0.08, 1.0]
     for name, s in repo_params()["settings"].items():
         if name != "webvision50":
-            assert "crop" not in s["data"] and "crop_scale" not in s["data"], name
+            assert "crop" not in s.get("data", {}) and "crop_scale" not in s.get("data", {}), name
 
 
 @pytest.mark.parametrize("data,match", [

@@ -1,0 +1,59 @@
+"""params.yaml as the issue asks: settings write only what differs from `defaults`
+(a missing section means "no change"), no path outside the repository, and in the
+demo and CPU presets the CE baseline trains as many epochs as Sel-CL+ in all."""
+from __future__ import annotations
+
+import copy
+import re
+from pathlib import Path
+
+import yaml
+
+from selcl.config import SECTIONS, resolve, validate
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def params() -> dict:
+    return yaml.safe_load((ROOT / "params.yaml").read_text())
+
+
+def test_settings_write_only_what_differs_from_defaults():
+    p = params()
+    for name, setting in p["settings"].items():
+        for section, values in (setting or {}).items():
+            for key, value in (values or {}).items():
+                assert value != p["defaults"][section][key], \
+                    f"settings.{name}.{section}.{key} = {value!r} repeats the default"
+
+
+def test_missing_section_means_no_change():
+    p = params()
+    validate(p)
+    sparse = copy.deepcopy(p)
+    sparse["settings"]["bare"] = {"noise": {"rate": 0.3}}
+    sparse["run"] = ["bare"]
+    validate(sparse)
+    cfg = resolve(sparse, "bare")
+    assert cfg["noise"]["rate"] == 0.3
+    for section in SECTIONS:
+        expected = {**p["defaults"][section], **({"rate": 0.3} if section == "noise" else {})}
+        assert {k: cfg[section][k] for k in expected} == expected
+
+
+def test_no_path_outside_the_repository():
+    for name in ("params.yaml", "README.md"):
+        text = (ROOT / name).read_text()
+        # data paths: inside the repository, or passed as an override (README)
+        assert "../" not in text and "shared/" not in text, name
+        assert not re.search(r"(^|[\s'\"=(])/(work|home|mnt|data)/", text), name
+
+
+def test_ce_budget_matches_selcl_plus_in_demo_and_cpu_presets():
+    """CE trains at least warm-up + pre-training + fine-tuning epochs (issue: a fair budget)."""
+    p = params()
+    for suite in ("demo", "cpu_real"):
+        for name in p["suites"][suite]:
+            cfg = resolve(p, name)
+            total = cfg["warmup"]["epochs"] + cfg["pretrain"]["epochs"] + cfg["finetune"]["epochs"]
+            assert cfg["baseline"]["epochs"] >= total, f"{name}: CE {cfg['baseline']['epochs']} < {total}"

@@ -1,0 +1,29 @@
+"""README numbers come from the report: the demo sentence is rendered from the
+recorded demo report (bench/results/demo/) by tools/readme_numbers.py."""
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_readme_demo_numbers_match_the_recorded_report():
+    proc = subprocess.run([sys.executable, str(ROOT / "tools" / "readme_numbers.py"), "--check"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+
+
+def test_numbers_are_rendered_from_the_record(tmp_path):
+    """With a recorded report, the sentence carries its Sel-CL+ and CE numbers and budgets."""
+    import json
+    sys.path.insert(0, str(ROOT / "tools"))
+    import readme_numbers as R
+    (tmp_path / "metrics").mkdir()
+    for name, (ours, ce) in {"demo_sym40": (95.96, 87.16), "demo_asym40": (93.1, 70.2)}.items():
+        (tmp_path / "metrics" / f"{name}.json").write_text(json.dumps({"selcl_plus": ours, "ce": ce}))
+    text = R.render(tmp_path)
+    assert "Sel-CL+ 95.96 % vs cross-entropy 87.16 %" in text and "93.10 % vs cross-entropy 70.20 %" in text
+    assert "CE 61 epochs" in text
+    readme = tmp_path / "README.md"
+    readme.write_text("a\n<!-- demo-numbers -->\nold\n<!-- /demo-numbers -->\nb\n")
+    assert R.rewrite(readme, text) == f"a\n<!-- demo-numbers -->\n{text}\n<!-- /demo-numbers -->\nb\n"

@@ -1,0 +1,87 @@
+"""The README's demo numbers, rendered from a demo report (never typed by hand).
+
+The numbers live between `<!-- demo-numbers -->` and `<!-- /demo-numbers -->` in
+README.md and come from the record bench/results/demo/ (the `reports/metrics/` and
+README.md of a demo run, as `make demo` copies them to demo/). tests/test_readme.py
+keeps the README and the record in step.
+
+    make demo && python tools/readme_numbers.py --from demo   # refresh record + README
+    python tools/readme_numbers.py --check                     # exit 1 if out of step
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shutil
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from selcl.config import load_params, resolve  # noqa: E402
+
+RECORD = ROOT / "bench" / "results" / "demo"
+BLOCK = re.compile(r"(<!-- demo-numbers -->\n)(.*?)(\n<!-- /demo-numbers -->)", re.DOTALL)
+LABELS = {"demo_sym40": "40 % symmetric noise", "demo_asym40": "40 % asymmetric noise"}
+
+
+NOT_RECORDED = ("No demo run is recorded for this version yet: run `make demo && python "
+                "tools/readme_numbers.py --from demo` to record its report in `bench/results/demo/` "
+                "and print its numbers here.")
+
+
+def render(record: Path = RECORD, params_path: Path = ROOT / "params.yaml") -> str:
+    """The README sentence for the recorded demo report (or says there is none)."""
+    if not (record / "metrics").is_dir():
+        return NOT_RECORDED
+    params = load_params(params_path)
+    parts = []
+    for name in params["suites"]["demo"]:
+        m = json.loads((record / "metrics" / f"{name}.json").read_text())
+        cfg = resolve(params, name)
+        w, p, f = cfg["warmup"]["epochs"], cfg["pretrain"]["epochs"], cfg["finetune"]["epochs"]
+        parts.append(f"Sel-CL+ {m['selcl_plus']:.2f} % vs cross-entropy {m['ce']:.2f} % "
+                     f"({LABELS.get(name, name)}; Sel-CL+ {w} + {p} + {f} epochs of warm-up, "
+                     f"pre-training and fine-tuning, CE {cfg['baseline']['epochs']} epochs)")
+    return ("The demo run recorded in `bench/results/demo/` (its report: `bench/results/demo/README.md`) "
+            "gives " + "; ".join(parts) + ".")
+
+
+def rewrite(readme: Path, text: str) -> str:
+    old = readme.read_text()
+    if not BLOCK.search(old):
+        raise SystemExit(f"{readme}: no <!-- demo-numbers --> block")
+    return BLOCK.sub(lambda m: m.group(1) + text + m.group(3), old, count=1)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--from", dest="src", help="a demo report folder (e.g. demo/) to record first")
+    ap.add_argument("--check", action="store_true", help="only check the README is in step")
+    args = ap.parse_args()
+    readme = ROOT / "README.md"
+    if args.src:
+        src = Path(args.src)
+        if RECORD.exists():
+            shutil.rmtree(RECORD)
+        RECORD.mkdir(parents=True)
+        shutil.copytree(src / "metrics", RECORD / "metrics")
+        shutil.copy2(src / "metrics.json", RECORD / "metrics.json")
+        shutil.copy2(src / "README.md", RECORD / "README.md")   # figures stay in demo/ (not committed)
+    new = rewrite(readme, render())
+    if args.check:
+        if new != readme.read_text():
+            print("README.md: demo numbers differ from bench/results/demo/ "
+                  "(python tools/readme_numbers.py)", file=sys.stderr)
+            return 1
+        return 0
+    readme.write_text(new)
+    print(f"README.md: {render()}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
