@@ -454,7 +454,8 @@ def make_pretrainer(cfg: dict, num_classes: int, device, warm: dict | None = Non
                             num_classes, device)
     g, np_rng, order = _generators(cfg["model"]["seed"] * 1000 + 2, device)
     tr = Pretrainer(model, ema, sgd(model, pc), queue, memory, g, np_rng, pc,
-                    net=training_forward(model, device, unused_heads=not pc["classifier"],
+                    # unused heads under DDP: the classifier in the Uns-CL warm-up or when off
+                    net=training_forward(model, device, unused_heads=warm is None or not pc["classifier"],
                                          cuda_graphs=not _clips_sim(pc)),
                     ema_net=key_forward(ema), order=order, uns_temperature=cfg["warmup"]["temperature"])
     if warm is not None:
