@@ -8,7 +8,7 @@ warm-up, pre-training, fine-tuning and CE loops split each global batch of
 DistributedDataParallel, so the params (batch size, lr, epochs) mean the same as
 on one device. What the method shares across the batch is gathered:
 
-  * the candidates of L_MIX / L_SIM (online embeddings and probabilities of every
+  * the candidates of L_sel / L_SIM (online embeddings and probabilities of every
     rank's anchors) with `gather_with_grad`: each rank's loss is the mean over its own
     anchors, the gather passes gradients back to the rank that produced a candidate,
     and DDP's average of the rank gradients is then exactly the gradient of the

@@ -1,7 +1,7 @@
 """Memories of EMA embeddings (SPEC §4, §6).
 
 * `KeyQueue`       MoCo's FIFO queue of EMA keys: the negatives of the Uns-CL loss
-                   (warm-up, §4) and of the unsupervised fallback of L_MIX (§6).
+                   (warm-up, §4) and of the Uns-CL term u_i of pre-training (§10.2).
                    10,000 keys on CIFAR.
 * `LabelledMemory` the memory of the selective contrastive loss (§6, §10.2): per entry
                    the EMA embedding z [d] of a mixed view, its EMA class probabilities

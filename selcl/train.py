@@ -12,7 +12,8 @@ one function per stage. Each loop
     continuing exactly as if never stopped;
   * returns a per-epoch history (list of dicts) that the stage writes for `dvc plots`.
 
-SPEC sections: warm-up §4, selection §5, pre-training loss §6, fine-tuning §7.
+SPEC sections: warm-up §4, selection §5, pre-training §6 with the authors' iteration of
+§10.2 (one run and one lr schedule over warm-up + pre-training, §10.3), fine-tuning §7.
 """
 from __future__ import annotations
 
