@@ -141,3 +141,20 @@ def tiny_upstream(tmp_path_factory):
 def copy_upstream(src: Path, dst: Path) -> None:
     """Copy the runs/ of `tiny_upstream` into dst (params.yaml is written by the caller)."""
     shutil.copytree(Path(src) / "runs", Path(dst) / "runs", dirs_exist_ok=True)
+
+
+def random_images_and_net(N: int = 24, C: int = 3, H: int = 12, seed: int = 1):
+    """(TrainData of N random uint8 images with random labels, a width-4 one-block network
+    with 8-d embeddings, the generator the data came from): one pre-training step in
+    milliseconds (tests/test_parity.py, tests/test_switches.py)."""
+    import torch
+
+    from selcl.models import build_model
+    from selcl.train import TrainData
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randint(0, 256, (N, 3, H, H), dtype=torch.uint8, generator=gen)
+    noisy = torch.randint(0, C, (N,), generator=gen)
+    data = TrainData(x=x, noisy=noisy, clean=noisy.clone(), x_test=x[:4], y_test=noisy[:4],
+                     mean=(0.5, 0.5, 0.5), std=(0.25, 0.25, 0.25), num_classes=C)
+    model = build_model("small", C, width=4, blocks=(1,), proj_dim=8, generator=torch.Generator().manual_seed(seed + 1))
+    return data, model, gen

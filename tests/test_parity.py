@@ -280,17 +280,14 @@ def test_one_step_matches_the_reference_iteration(lambda_sim):
     view as the authors do. The random draws (views, λ, partners, the L_CLS batch) are
     replayed from a copy of the step's generator, in the order the step makes them."""
     from selcl.memory import KeyQueue
-    from selcl.models import EMA, build_model
-    from selcl.train import Pretrainer, TrainData, _views, set_lr
+    from conftest import random_images_and_net
+    from selcl.models import EMA
+    from selcl.train import Pretrainer, _views, set_lr
 
     torch.manual_seed(0)
-    N, B, C, H = 24, 6, 3, 12
-    gen = torch.Generator().manual_seed(1)
-    x = torch.randint(0, 256, (N, 3, H, H), dtype=torch.uint8, generator=gen)
-    noisy = torch.randint(0, C, (N,), generator=gen)
-    data = TrainData(x=x, noisy=noisy, clean=noisy.clone(), x_test=x[:4], y_test=noisy[:4],
-                     mean=(0.5, 0.5, 0.5), std=(0.25, 0.25, 0.25), num_classes=C)
-    model = build_model("small", C, width=4, blocks=(1,), proj_dim=8, generator=torch.Generator().manual_seed(2))
+    N, B, C = 24, 6, 3
+    data, model, gen = random_images_and_net(N, C)
+    x, noisy = data.x, data.noisy
     ema = EMA(model, 0.99)
     with torch.no_grad():     # an EMA that differs from the online network
         for p in ema.model.parameters():

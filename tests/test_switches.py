@@ -8,10 +8,11 @@ import numpy as np
 import pytest
 import torch
 
+from conftest import random_images_and_net
 from selcl import losses
 from selcl.memory import KeyQueue, LabelledMemory
-from selcl.models import EMA, build_model
-from selcl.train import Pretrainer, TrainData
+from selcl.models import EMA
+from selcl.train import Pretrainer
 
 N, B, C, H = 24, 6, 3, 12
 BASE = {"mixup": True, "classifier": True, "lambda_cls": 1.0, "sim_loss": True, "lambda_sim": 0.01,
@@ -19,12 +20,8 @@ BASE = {"mixup": True, "classifier": True, "lambda_cls": 1.0, "sim_loss": True, 
 
 
 def _setup(**pc):
-    gen = torch.Generator().manual_seed(1)
-    x = torch.randint(0, 256, (N, 3, H, H), dtype=torch.uint8, generator=gen)
-    noisy = torch.randint(0, C, (N,), generator=gen)
-    data = TrainData(x=x, noisy=noisy, clean=noisy.clone(), x_test=x[:4], y_test=noisy[:4],
-                     mean=(0.5, 0.5, 0.5), std=(0.25, 0.25, 0.25), num_classes=C)
-    model = build_model("small", C, width=4, blocks=(1,), proj_dim=8, generator=torch.Generator().manual_seed(2))
+    data, model, _ = random_images_and_net(N, C, H)
+    noisy = data.noisy
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     tr = Pretrainer(model, EMA(model, 0.99), opt, KeyQueue(16, 8), LabelledMemory(4 * B, 8, C),
                     torch.Generator().manual_seed(3), np.random.default_rng(0), {**BASE, **pc})
