@@ -33,7 +33,7 @@ def main() -> None:
     from selcl.noise import make_noisy_labels
     from selcl.train import TrainData, baseline, finetune, pretrain, summarise, warmup
 
-    torch.set_num_threads(2)
+    torch.set_num_threads(int(__import__('os').environ.get('SELCL_THREADS', '2')))
     cfg = resolve(load_params(root / "params.yaml"), args.setting)
     d, nc = cfg["data"], cfg["noise"]
     kw = {"path": args.path or d.get("path"), "subset": d.get("subset")} if d["dataset"] == "imagefolder" else {}
