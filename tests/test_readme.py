@@ -23,7 +23,10 @@ def test_numbers_are_rendered_from_the_record(tmp_path):
         (tmp_path / "metrics" / f"{name}.json").write_text(json.dumps({"selcl_plus": ours, "ce": ce}))
     text = R.render(tmp_path)
     assert "Sel-CL+ 95.96 % vs cross-entropy 87.16 %" in text and "93.10 % vs cross-entropy 70.20 %" in text
-    assert "CE 61 epochs" in text
+    from selcl.config import load_params, resolve
+    cfg = resolve(load_params(ROOT / "params.yaml"), "demo_sym40")
+    w, p, f = cfg["warmup"]["epochs"], cfg["pretrain"]["epochs"] - cfg["warmup"]["epochs"], cfg["finetune"]["epochs"]
+    assert f"Sel-CL+ {w} + {p} + {f} epochs" in text and f"CE {cfg['baseline']['epochs']} epochs" in text
     readme = tmp_path / "README.md"
     readme.write_text("a\n<!-- demo-numbers -->\nold\n<!-- /demo-numbers -->\nb\n")
     assert R.rewrite(readme, text) == f"a\n<!-- demo-numbers -->\n{text}\n<!-- /demo-numbers -->\nb\n"

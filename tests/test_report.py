@@ -44,7 +44,7 @@ def test_report_states_budgets_verdicts_and_table_rows(tmp_path, monkeypatch):
                  tmp_path / "reports", plots_dir=tmp_path / "plots")
     md = (tmp_path / "reports" / "README.md").read_text()
     assert "params hash `" in md and "Git commit" in md
-    assert "| cifar10_sym20 | cifar10 | sym 0.20 | 1 + 250 + 70 = 321 / 200 | **95.10** |" in md
+    assert "| cifar10_sym20 | cifar10 | sym 0.20 | 1 + 249 + 70 = 320 / 200 | **95.10** |" in md
     row = next(line for line in md.splitlines() if line.startswith("| cifar10_sym20 |") and "95.5" in line)
     assert "| yes |" in row
     assert "| no |" in next(line for line in md.splitlines() if line.startswith("| t4_t7 |") and "93.4" in line)

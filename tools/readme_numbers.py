@@ -42,7 +42,8 @@ def render(record: Path = RECORD, params_path: Path = ROOT / "params.yaml") -> s
     for name in params["suites"]["demo"]:
         m = json.loads((record / "metrics" / f"{name}.json").read_text())
         cfg = resolve(params, name)
-        w, p, f = cfg["warmup"]["epochs"], cfg["pretrain"]["epochs"], cfg["finetune"]["epochs"]
+        w, f = cfg["warmup"]["epochs"], cfg["finetune"]["epochs"]
+        p = cfg["pretrain"]["epochs"] - w                 # pretrain.epochs counts the warm-up's
         parts.append(f"Sel-CL+ {m['selcl_plus']:.2f} % vs cross-entropy {m['ce']:.2f} % "
                      f"({LABELS.get(name, name)}; Sel-CL+ {w} + {p} + {f} epochs of warm-up, "
                      f"pre-training and fine-tuning, CE {cfg['baseline']['epochs']} epochs)")
