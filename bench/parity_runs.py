@@ -21,6 +21,10 @@ def main() -> None:
     ap.add_argument("--setting", required=True)
     ap.add_argument("--path", default=None, help="imagefolder path override (data.path)")
     ap.add_argument("--label", default="")
+    ap.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                    help="override one resolved parameter (YAML value), e.g. pretrain.epochs=41")
+    ap.add_argument("--history", default=None, help="also write every per-epoch history to this JSON file")
+    ap.add_argument("--no-ce", action="store_true", help="skip the CE baseline")
     args = ap.parse_args()
     root = Path(args.root).resolve()
     sys.path.insert(0, str(root))
@@ -35,8 +39,14 @@ def main() -> None:
 
     torch.set_num_threads(int(__import__('os').environ.get('SELCL_THREADS', '2')))
     cfg = resolve(load_params(root / "params.yaml"), args.setting)
+    import yaml
+    for item in args.set:
+        key, value = item.split("=", 1)
+        section, name = key.split(".", 1)
+        cfg[section][name] = yaml.safe_load(value)
     d, nc = cfg["data"], cfg["noise"]
-    kw = {"path": args.path or d.get("path"), "subset": d.get("subset")} if d["dataset"] == "imagefolder" else {}
+    kw = ({"path": args.path or d.get("path"), "subset": d.get("subset"), "subset_test": d.get("subset_test")}
+          if d["dataset"] == "imagefolder" else {})
     ds = load_dataset(d["dataset"], **kw)
     C = len(ds.classes)
     noisy = make_noisy_labels(ds.y_train, C, nc["kind"], nc["rate"], nc["seed"],
@@ -55,20 +65,52 @@ def main() -> None:
     ft = finetune(cfg, data, pre, dev, ck("finetune"))
     t_ft = time.perf_counter() - t0 - t_pre
     t1 = time.perf_counter()
-    ce = baseline(cfg, data, dev, ck("baseline"))
+    ce = None if args.no_ce else baseline(cfg, data, dev, ck("baseline"))
     t_ce = time.perf_counter() - t1
+    # Diagnosis (issue 11): weighted k-NN (clean train labels, §8) on the encoders' features
+    # (backbone output, L2-normalised): Sel-CL's pre-trained encoder against the CE network's.
+    enc_knn = {"selcl": encoder_knn(pre["model"], cfg, data, dev)}
+    if ce is not None:
+        enc_knn["ce"] = encoder_knn(ce["model"], cfg, data, dev)
     last = pre["history"][-1]
-    s_ft, s_ce = summarise(ft["history"], cfg["finetune"]["eval_last"]), summarise(ce["history"], cfg["baseline"]["eval_last"])
+    s_ft = summarise(ft["history"], cfg["finetune"]["eval_last"])
+    s_ce = summarise(ce["history"], cfg["baseline"]["eval_last"]) if ce else {}
     print(json.dumps({
         "label": args.label, "setting": args.setting, "n_train": int(data.n),
         "realised_noise": float(np.mean(noisy != ds.y_train)),
         "epochs": {"warmup": cfg["warmup"]["epochs"], "pretrain": cfg["pretrain"]["epochs"],
                    "finetune": cfg["finetune"]["epochs"], "ce": cfg["baseline"]["epochs"]},
         "selcl_plus_mean_last": s_ft["test_acc_mean_last"], "selcl_plus_final": s_ft["test_acc_last"],
-        "ce_mean_last": s_ce["test_acc_mean_last"], "ce_final": s_ce["test_acc_last"], "ce_best": s_ce["test_acc_best"],
+        "ce_mean_last": s_ce.get("test_acc_mean_last"), "ce_final": s_ce.get("test_acc_last"),
+        "ce_best": s_ce.get("test_acc_best"), "encoder_knn_top1": enc_knn,
         "n_T": last.get("n_selected"), "precision_T": last.get("precision_T"), "recall_T": last.get("recall_T"),
         "precision_G": last.get("precision_G"), "knn_top1": last.get("knn_top1"),
         "seconds": {"warmup+pretrain": round(t_pre), "finetune": round(t_ft), "ce": round(t_ce)}}), flush=True)
+    if args.history:
+        Path(args.history).write_text(json.dumps({
+            "cfg": cfg, "warmup": warm.get("history"), "pretrain": pre["history"], "finetune": ft["history"],
+            "ce": ce["history"] if ce else None}, default=float))
+
+
+def encoder_knn(state: dict, cfg: dict, data, dev) -> float:
+    """Top-1 weighted k-NN accuracy of the backbone's features (clean training labels)."""
+    import torch
+    import torch.nn.functional as F
+
+    from selcl import augment
+    from selcl.evaluate import weighted_knn_accuracy
+    from selcl.train import make_model
+    model = make_model(cfg["model"], data.num_classes, dev)
+    model.load_state_dict(state)
+    model.eval()
+
+    @torch.no_grad()
+    def feats(x):
+        return torch.cat([F.normalize(model.encode(augment.eval_view(x[i:i + 1024], data.mean, data.std, data.crop)), dim=1)
+                          for i in range(0, len(x), 1024)])
+    k = min(cfg["evaluate"]["k"], data.n)
+    return weighted_knn_accuracy(feats(data.x), data.clean, feats(data.x_test), data.y_test, data.num_classes,
+                                 k=k, sigma=cfg["evaluate"]["sigma"])["top1"]
 
 
 if __name__ == "__main__":

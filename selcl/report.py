@@ -207,6 +207,19 @@ def expected_noise_rate(cfg: dict, clean: np.ndarray | None, num_classes: int | 
     return {"none": "0", "file": "the label file's own"}.get(nc["kind"], "—")
 
 
+def noise_text(cfg: dict, realised: float | None = None) -> str:
+    """How a setting's noise reads in the tables: "sym 0.40", "asym 0.40", "none", or for a
+    label file its name (and dict key) with the realised rate ("file: labels.npy, realised
+    0.41"): `noise.rate` means nothing for a file, so it is never printed as one."""
+    nc = cfg["noise"]
+    if nc["kind"] == "file":
+        name = Path(str(nc["file"])).name + (f"[{nc['file_key']}]" if nc.get("file_key") else "")
+        return f"file: {name}, realised {_fmt(realised, 2)}"
+    if nc["kind"] == "none":
+        return "none"
+    return f"{nc['kind']} {nc['rate']:.2f}"
+
+
 def git_commit(cwd: Path = Path(".")) -> str:
     """The commit the pipeline ran from (a DVC experiment: its baseline), and whether
     tracked files differed from it."""
@@ -293,7 +306,7 @@ def build_report(run: list[str], configs: dict[str, dict], runs_dir: Path, table
         verdict = reproduced(ours, paper.get("selcl_plus"))
         if verdict in ("yes", "no"):
             verdicts.append(verdict)
-        rows.append(f"| {name} | {cfg['data']['dataset']} | {cfg['noise']['kind']} {cfg['noise']['rate']:.2f} | "
+        rows.append(f"| {name} | {cfg['data']['dataset']} | {noise_text(cfg, noise.get('realised_noise_rate'))} | "
                     f"{_budget_text(budget)} | **{_fmt(ours)}** | {_fmt(ft.get('test_acc_last'))} | "
                     f"{_fmt(ce)} | {_fmt(bl.get('test_acc_best'))} | {_fmt(paper.get('selcl_plus'), 1)} | "
                     f"{'—' if diff is None else f'{diff:+.2f}'} | {verdict} | {_fmt(paper.get('ce'), 1)} |")
@@ -301,7 +314,10 @@ def build_report(run: list[str], configs: dict[str, dict], runs_dir: Path, table
         if (d / "labels.npz").exists():
             with np.load(d / "labels.npz") as f:
                 clean = f["clean"]
-        noise_rows.append(f"| {name} | {cfg['noise']['kind']} | {cfg['noise']['rate']:.2f} | "
+        is_file = cfg["noise"]["kind"] == "file"           # a label file has no requested rate
+        kind_cell = noise_text(cfg).split(",")[0] if is_file else cfg["noise"]["kind"]
+        requested = "—" if is_file else f"{cfg['noise']['rate']:.2f}"
+        noise_rows.append(f"| {name} | {kind_cell} | {requested} | "
                           f"{expected_noise_rate(cfg, clean, meta.get('num_classes'), meta.get('dataset'))} | "
                           f"{_fmt(noise.get('realised_noise_rate'), 3)} |")
         knn_rows.append(f"| {name} | {_fmt(ev.get('knn_clean_top1'))} | {_fmt(ev.get('knn_clean_top5'))} | "

@@ -16,6 +16,7 @@ def run(name: str) -> None:
     dc = cfg["data"]
     try:
         data = load_dataset(dc["dataset"], root=dc["root"], path=dc["path"], subset=dc["subset"],
+                            subset_test=dc["subset_test"],
                             seed=dc["seed"], download=dc["download"], image_size=dc["image_size"])
     except DataError as exc:
         # Name the key to fix: the imagefolder archive is `data.path`, CIFAR lives under `data.root`.

@@ -66,3 +66,21 @@ def test_reproduced_verdict_and_accuracy_axis():
                               {"warmup": 1, "pretrain": 3, "finetune": 1, "ce": 1})
     # Sel-CL+'s fine-tuning epoch 1 is its 5th training epoch (1 warm-up + 3 pre-training)
     assert rows == [{"epoch": 1, "Sel-CL+": "", "CE": 50.0}, {"epoch": 5, "Sel-CL+": 90.0, "CE": ""}]
+
+
+def test_label_file_noise_is_named_with_its_realised_rate(tmp_path, monkeypatch):
+    """A CIFAR-N label file has no requested rate: the tables name the file and key and
+    give the realised rate, never "file 0.00"."""
+    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    params["settings"]["cifar10n"] = {"noise": {"kind": "file", "file": "data/CIFAR-10_human.pt",
+                                                "file_key": "worse_label"}}
+    configs = {"cifar10n": resolve(params, "cifar10n")}
+    fake_run(tmp_path / "runs" / "cifar10n", selcl_plus=80.0, ce=60.0)
+    (tmp_path / "runs" / "cifar10n" / "noise.json").write_text(json.dumps({"realised_noise_rate": 0.4021}))
+    monkeypatch.chdir(tmp_path)
+    build_report(["cifar10n"], configs, tmp_path / "runs", load_tables(ROOT / "references" / "paper_tables.yaml"),
+                 tmp_path / "reports", plots_dir=tmp_path / "plots")
+    md = (tmp_path / "reports" / "README.md").read_text()
+    assert "| cifar10n | cifar10 | file: CIFAR-10_human.pt[worse_label], realised 0.40 |" in md
+    assert "| cifar10n | file: CIFAR-10_human.pt[worse_label] | — | the label file's own | 0.402 |" in md
+    assert "file 0.00" not in md
