@@ -355,7 +355,8 @@ def build_report(run: list[str], configs: dict[str, dict], runs_dir: Path, table
         # numbers only (`dvc exp show`): no strings, no environment, one file per setting,
         # the headline numbers only (the rest is in the report), so a sweep fits a terminal
         metrics[name] = {k: round(float(v), 4) for k, v in {
-            "selcl_plus": ours, "ce": ce, "knn_clean": ev.get("knn_clean_top1"),
+            "selcl_plus": ours, "ce": ce, "ce_best": bl.get("test_acc_best") if ce is not None else None,
+            "knn_clean": ev.get("knn_clean_top1"),
             "precision_T": pre.get("precision_T"), "recall_T": pre.get("recall_T"),
             "precision_G": pre.get("precision_G")}.items() if v is not None and math.isfinite(float(v))}
 

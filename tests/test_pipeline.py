@@ -256,6 +256,28 @@ def test_three_queued_experiments_two_workers(applied):
         assert set(metrics) == {"reports/metrics/demo_sym40.json"}, metrics
 
 
+def test_crossover_queues_scaled_budgets_and_collects_a_table(applied):
+    """Issue 11: `tools/crossover.py queue` runs one experiment per budget through the DVC
+    queue; `collect` reads their metrics, histories and timing back into a table + figure."""
+    import time
+    repo = applied
+    sh([str(BIN / "python"), "tools/crossover.py", "queue", "demo_asym40", "--scales", "1", "2",
+        "--start", "--jobs", "2"], repo)
+    deadline = time.time() + 300
+    while time.time() < deadline and re.search(r"\b(Queued|Running)\b", sh(["dvc", "queue", "status"], repo).stdout):
+        time.sleep(3)
+    out = repo.parent / "crossover"
+    sh([str(BIN / "python"), "tools/crossover.py", "collect", "demo_asym40", "--out", str(out)], repo)
+    rows = json.loads(out.with_suffix(".json").read_text())
+    assert [r["scale"] for r in rows] == [1.0, 2.0]
+    assert [r["epochs"] for r in rows] == ["1 + 1 + 2 / 2", "1 + 2 + 4 / 4"]    # tiny: 2 in all, 2, 2
+    for r in rows:
+        assert 0 <= r["selcl_plus"] <= 100 and 0 <= r["ce_best"] <= 100 and r["pretrain_min"] > 0
+    table = out.with_suffix(".md").read_text()
+    assert table.count("\n| 1 |") == 1 and table.count("\n| 2 |") == 1
+    assert out.with_suffix(".png").stat().st_size > 1000
+
+
 def _iter_exps(node):
     """Every experiment record in `dvc exp show --json` output (its layout is nested)."""
     if isinstance(node, dict):

@@ -1,0 +1,40 @@
+"""The crossover study's budgets (tools/crossover.py): every epoch count scales together,
+lr decays stay inside their runs, CE keeps its ratio to Sel-CL+."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tools"))
+
+from crossover import exp_name, scaled  # noqa: E402
+
+from selcl.config import load_params, resolve  # noqa: E402
+
+
+@pytest.mark.parametrize("scale", [0.25, 0.5, 1.0, 2.0])
+def test_scaled_budget_keeps_the_setting_proportions(scale):
+    cfg = resolve(load_params(ROOT / "params.yaml"), "cpu_cifar10_asym40")
+    o = scaled(cfg, scale)
+    w, pre = cfg["warmup"]["epochs"], cfg["pretrain"]["epochs"] - cfg["warmup"]["epochs"]
+    assert o["pretrain.epochs"] - w == max(1, round(pre * scale))          # warm-up never scales
+    assert o["baseline.epochs"] == max(1, round(cfg["baseline"]["epochs"] * scale))
+    assert o["finetune.epochs"] == max(1, round(cfg["finetune"]["epochs"] * scale))
+    assert all(w < d < o["pretrain.epochs"] for d in o["pretrain.lr_decay_epochs"])
+    assert all(0 < d < o["baseline.epochs"] for d in o["baseline.lr_decay_epochs"])
+    assert 1 <= o["finetune.bootstrap_start"] <= o["finetune.epochs"]
+    if scale == 1.0:     # the setting itself, unchanged
+        assert o["pretrain.lr_decay_epochs"] == cfg["pretrain"]["lr_decay_epochs"]
+        assert o["baseline.lr_decay_epochs"] == cfg["baseline"]["lr_decay_epochs"]
+        assert o["finetune.bootstrap_start"] == cfg["finetune"]["bootstrap_start"]
+    ratio = o["baseline.epochs"] / (o["pretrain.epochs"] + o["finetune.epochs"])
+    assert ratio == pytest.approx(cfg["baseline"]["epochs"] / (cfg["pretrain"]["epochs"] + cfg["finetune"]["epochs"]),
+                                  rel=0.15)
+
+
+def test_experiment_names_round_trip():
+    assert exp_name("cpu_cifar10_asym40", 0.25) == "cpu_cifar10_asym40-x0.25"
+    assert float(exp_name("s", 2.0).rsplit("-x", 1)[1]) == 2.0

@@ -1,0 +1,183 @@
+"""Crossover study: Sel-CL+ and CE of one setting at several budgets, as queued DVC
+experiments, then one table and one figure (accuracy against budget, both methods).
+
+    python tools/crossover.py queue cpu_cifar10_asym40 --scales 0.25 0.5 1 2 \\
+        [-S '++settings.cpu_cifar10_asym40.data.path=/path/to/cifar10-jpeg.tar.gz'] [--start]
+    dvc queue status                       # they run in the background (`dvc queue start`)
+    python tools/crossover.py collect cpu_cifar10_asym40 --out bench/results/crossover_asym40
+
+A budget is the setting's epochs times a scale: pre-training (after its warm-up),
+fine-tuning and CE, with their lr decay epochs and the bootstrapping start scaled alike,
+so CE keeps the setting's ratio of epochs to Sel-CL+. Experiment `<setting>-x<scale>`
+runs the setting's whole pipeline (`run=[<setting>]`) in its own temporary workspace;
+`collect` reads each one's metrics and histories from its experiment commit and DVC's
+cache and writes <out>.md (a table) and <out>.png (the figure).
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def scaled(cfg: dict, scale: float) -> dict:
+    """{"section.key": value} overrides that scale the setting's budget by `scale`."""
+    w = cfg["warmup"]["epochs"]
+    pre = max(1, round((cfg["pretrain"]["epochs"] - w) * scale))      # pre-training proper
+    ft = max(1, round(cfg["finetune"]["epochs"] * scale))
+    ce = max(1, round(cfg["baseline"]["epochs"] * scale))
+
+    def decays(epochs: list, new_total: int, offset: int = 0) -> list:
+        out = sorted({offset + max(1, round((d - offset) * scale)) for d in epochs})
+        return [d for d in out if d < new_total]
+    return {
+        "pretrain.epochs": w + pre,
+        "pretrain.lr_decay_epochs": decays(cfg["pretrain"]["lr_decay_epochs"], w + pre, w),
+        "finetune.epochs": ft,
+        "finetune.bootstrap_start": max(1, min(ft, round(cfg["finetune"]["bootstrap_start"] * scale))),
+        "finetune.eval_last": min(cfg["finetune"]["eval_last"], ft),
+        "baseline.epochs": ce,
+        "baseline.lr_decay_epochs": decays(cfg["baseline"]["lr_decay_epochs"], ce),
+        "baseline.eval_last": min(cfg["baseline"]["eval_last"], ce),
+    }
+
+
+def exp_name(setting: str, scale: float) -> str:
+    return f"{setting}-x{scale:g}"
+
+
+def queue(args, extra: list[str]) -> int:
+    from selcl.config import load_params, resolve
+    cfg = resolve(load_params(ROOT / "params.yaml"), args.setting)
+    for scale in args.scales:
+        sets = [f"run=[{args.setting}]"]
+        for key, value in scaled(cfg, scale).items():
+            sets.append(f"++settings.{args.setting}.{key}=" + json.dumps(value, separators=(",", ":")))
+        cmd = ["dvc", "exp", "run", "--queue", "--name", exp_name(args.setting, scale)]
+        for s in sets:
+            cmd += ["-S", s]
+        cmd += extra
+        print("$ " + " ".join(cmd), flush=True)
+        if subprocess.run(cmd, cwd=ROOT).returncode != 0:
+            return 1
+    if args.start:
+        return subprocess.run(["dvc", "queue", "start", "-j", str(args.jobs)], cwd=ROOT).returncode
+    return 0
+
+
+def _experiments(name_prefix: str) -> dict[str, str]:
+    """experiment name → commit, over every baseline (refs/exps/<ab>/<cd…>/<name>)."""
+    out = subprocess.run(["git", "for-each-ref", "--format=%(refname) %(objectname)", "refs/exps"],
+                         cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    found = {}
+    for line in out.splitlines():
+        ref, sha = line.split()
+        name = ref.rsplit("/", 1)[-1]
+        if name.startswith(name_prefix + "-x"):
+            found[name] = sha
+    return found
+
+
+def _read(path: str, rev: str) -> str:
+    """A file of experiment `rev`: from git, or from DVC's cache for a cached output."""
+    proc = subprocess.run(["git", "show", f"{rev}:{path}"], cwd=ROOT, capture_output=True, text=True)
+    if proc.returncode == 0:
+        return proc.stdout
+    import dvc.api
+    return dvc.api.read(path, repo=str(ROOT), rev=rev)
+
+
+def _csv(text: str) -> list[dict]:
+    return [{k: float(v) if v not in ("", None) else None for k, v in row.items()}
+            for row in csv.DictReader(io.StringIO(text))]
+
+
+def collect(args) -> int:
+    s = args.setting
+    rows = []
+    for name, rev in _experiments(s).items():
+        params = yaml.safe_load(_read("params.yaml", rev))
+        from selcl.config import resolve
+        cfg = resolve(params, s)
+        metrics = json.loads(_read(f"reports/metrics/{s}.json", rev))
+        pre_hist = _csv(_read(f"runs/{s}/pretrain_history.csv", rev))
+        ce_hist = _csv(_read(f"runs/{s}/baseline_history.csv", rev))
+        timing = _csv(_read(f"runs/{s}/pretrain_timing.csv", rev))
+        rows.append({
+            "name": name, "scale": float(name.rsplit("-x", 1)[1]),
+            "epochs": f"{cfg['warmup']['epochs']} + {cfg['pretrain']['epochs'] - cfg['warmup']['epochs']} + "
+                      f"{cfg['finetune']['epochs']} / {cfg['baseline']['epochs']}",
+            "selcl_epochs": cfg["pretrain"]["epochs"] + cfg["finetune"]["epochs"],
+            "pretrain_min": sum((t.get(k) or 0) for t in timing for k in ("train_s", "select_s", "knn_s")) / 60,
+            "selcl_plus": metrics.get("selcl_plus"), "ce": metrics.get("ce"),
+            "ce_final": ce_hist[-1]["test_acc"], "ce_best": max(h["test_acc"] for h in ce_hist),
+            "precision_T": metrics.get("precision_T"), "recall_T": metrics.get("recall_T"),
+            "knn": metrics.get("knn_clean"),
+            "precision_T_by_epoch": [round(h["precision_T"], 3) for h in pre_hist if h.get("precision_T") is not None],
+        })
+    if not rows:
+        print(f"error: no experiment named {s}-x<scale> (run `tools/crossover.py queue {s}` first)", file=sys.stderr)
+        return 2
+    rows.sort(key=lambda r: r["scale"])
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    lines = [f"# Crossover: {s}", "",
+             "Budget = the setting's epochs × scale (warm-up + pre-training + fine-tuning / CE). "
+             "Sel-CL+ = mean of the last fine-tuning epochs; CE = mean of its last epochs, its final and best epoch.",
+             "", "| scale | epochs | pre-training (min) | Sel-CL+ | CE | CE final | CE best | Sel-CL+ − CE | "
+             "precision of T | recall of T | k-NN |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['scale']:g} | {r['epochs']} | {r['pretrain_min']:.1f} | {r['selcl_plus']:.2f} | "
+                     f"{r['ce']:.2f} | {r['ce_final']:.2f} | {r['ce_best']:.2f} | {r['selcl_plus'] - r['ce']:+.2f} | "
+                     f"{r['precision_T']:.3f} | {r['recall_T']:.3f} | {r['knn']:.2f} |")
+    lines += ["", "Precision of T by pre-training epoch:", ""]
+    lines += [f"* ×{r['scale']:g}: {', '.join(map(str, r['precision_T_by_epoch']))}" for r in rows]
+    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    out.with_suffix(".json").write_text(json.dumps(rows, indent=1))
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(5, 3.5))
+    x = [r["selcl_epochs"] for r in rows]
+    ax.plot(x, [r["selcl_plus"] for r in rows], "o-", label="Sel-CL+")
+    ax.plot(x, [r["ce"] for r in rows], "s-", label="CE (mean of last)")
+    ax.plot(x, [r["ce_best"] for r in rows], "s:", alpha=0.6, label="CE best epoch")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("budget: Sel-CL+ epochs in all (CE in proportion)")
+    ax.set_ylabel("test accuracy (%)")
+    ax.set_title(f"{s}: accuracy against budget", fontsize=10)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out.with_suffix(".png"), dpi=120)
+    print(f"wrote {out.with_suffix('.md')} and {out.with_suffix('.png')}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    q = sub.add_parser("queue", help="queue one experiment per scale (extra args go to `dvc exp run`)")
+    q.add_argument("setting")
+    q.add_argument("--scales", type=float, nargs="+", default=[0.25, 0.5, 1.0, 2.0])
+    q.add_argument("--start", action="store_true", help="then `dvc queue start`")
+    q.add_argument("--jobs", type=int, default=1, help="workers for --start (default 1: 2 cores)")
+    c = sub.add_parser("collect", help="table + figure from the finished experiments")
+    c.add_argument("setting")
+    c.add_argument("--out", required=True, help="path without suffix: writes .md, .json, .png")
+    args, extra = ap.parse_known_args(argv)
+    if args.cmd == "collect" and extra:
+        ap.error(f"unknown arguments: {' '.join(extra)}")
+    return queue(args, extra) if args.cmd == "queue" else collect(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
