@@ -25,6 +25,9 @@ def main() -> None:
                     help="override one resolved parameter (YAML value), e.g. pretrain.epochs=41")
     ap.add_argument("--history", default=None, help="also write every per-epoch history to this JSON file")
     ap.add_argument("--no-ce", action="store_true", help="skip the CE baseline")
+    ap.add_argument("--oracles", action="store_true",
+                    help="diagnosis: also fine-tune the pre-trained encoder on T with the clean labels, "
+                         "on every example with the noisy labels, and on every example with the clean labels")
     args = ap.parse_args()
     root = Path(args.root).resolve()
     sys.path.insert(0, str(root))
@@ -67,6 +70,15 @@ def main() -> None:
     t1 = time.perf_counter()
     ce = None if args.no_ce else baseline(cfg, data, dev, ck("baseline"))
     t_ce = time.perf_counter() - t1
+    oracles = {}
+    if args.oracles:          # what limits Sel-CL+: the selection, its labels, or the encoder?
+        import dataclasses
+        every = {**pre, "examples": np.ones(data.n, dtype=bool)}
+        clean = dataclasses.replace(data, noisy=data.clean)
+        for name, (d_, p_) in {"T_clean_labels": (clean, pre), "all_noisy_labels": (data, every),
+                               "all_clean_labels": (clean, every)}.items():
+            h = finetune(cfg, d_, p_, dev, ck(f"oracle_{name}"))["history"]
+            oracles[name] = summarise(h, cfg["finetune"]["eval_last"])["test_acc_mean_last"]
     # Diagnosis (issue 11): weighted k-NN (clean train labels, §8) on the encoders' features
     # (backbone output, L2-normalised): Sel-CL's pre-trained encoder against the CE network's.
     enc_knn = {"selcl": encoder_knn(pre["model"], cfg, data, dev)}
@@ -82,7 +94,7 @@ def main() -> None:
                    "finetune": cfg["finetune"]["epochs"], "ce": cfg["baseline"]["epochs"]},
         "selcl_plus_mean_last": s_ft["test_acc_mean_last"], "selcl_plus_final": s_ft["test_acc_last"],
         "ce_mean_last": s_ce.get("test_acc_mean_last"), "ce_final": s_ce.get("test_acc_last"),
-        "ce_best": s_ce.get("test_acc_best"), "encoder_knn_top1": enc_knn,
+        "ce_best": s_ce.get("test_acc_best"), "encoder_knn_top1": enc_knn, "finetune_oracles": oracles,
         "n_T": last.get("n_selected"), "precision_T": last.get("precision_T"), "recall_T": last.get("recall_T"),
         "precision_G": last.get("precision_G"), "knn_top1": last.get("knn_top1"),
         "seconds": {"warmup+pretrain": round(t_pre), "finetune": round(t_ft), "ce": round(t_ce)}}), flush=True)

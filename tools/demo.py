@@ -10,17 +10,28 @@ the paper suite's params. The stages' outputs are in DVC's cache (`dvc exp apply
 brings them into the workspace, deliberately). The report is copied from the
 experiment's commit to demo/ (git-ignored) for reading.
 
-    python tools/demo.py [--suite demo] [--name demo] [extra `dvc exp run` args, e.g. -S ...]
+Side by side: each setting first trains as its own queued experiment `<name>-<setting>`
+(`dvc exp run --queue -S run=[<setting>]`, then `dvc queue start -j <settings>`), all at
+once with the cores split between them (OMP_NUM_THREADS), because the demo's small
+network uses two cores little better than one: on 2 cores the two settings together
+take about the time of one. The experiment `<name>` then runs the whole suite, and DVC's
+run-cache restores every training stage from those runs, so it only writes the report.
+`--one-by-one` skips the queue (one `dvc exp run --temp`, settings in turn).
+
+    python tools/demo.py [--suite demo] [--name demo] [--one-by-one] [extra `dvc exp run` args, e.g. -S ...]
 """
 from __future__ import annotations
 
 import argparse
 import io
 import json
+import os
+import re
 import shutil
 import subprocess
 import sys
 import tarfile
+import time
 from pathlib import Path
 
 import yaml
@@ -60,11 +71,56 @@ def summary_lines(report: Path) -> list[str]:
     return lines
 
 
+def dvc(*args: str, cwd: Path, env: dict | None = None, quiet: bool = False) -> subprocess.CompletedProcess:
+    return subprocess.run(["dvc", *args], cwd=cwd, env=env, text=True,
+                          capture_output=quiet)
+
+
+def train_side_by_side(settings: list[str], name: str, extra: list[str], root: Path) -> bool:
+    """Each setting as its own queued experiment, all running at once; True when all succeed."""
+    names = [f"{name}-{s}" for s in settings]
+    for exp in names:                                       # an older demo's (absent: no-op)
+        dvc("exp", "remove", exp, cwd=root, quiet=True)
+    for exp, setting in zip(names, settings):
+        cmd = ["exp", "run", "--queue", "--name", exp, "-S", f"run=[{setting}]", *extra]
+        print("$ dvc " + " ".join(cmd), flush=True)
+        if dvc(*cmd, cwd=root).returncode != 0:
+            return False
+    threads = max(1, (os.cpu_count() or 1) // len(settings))
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+    print(f"$ OMP_NUM_THREADS={threads} dvc queue start -j {len(settings)}", flush=True)
+    if dvc("queue", "start", "-j", str(len(settings)), cwd=root, env=env).returncode != 0:
+        return False
+    for exp in names:                  # their live output, one after the other (tqdm bars)
+        while re.search(rf"\b{re.escape(exp)}\b.*\bQueued\b", dvc("queue", "status", cwd=root, quiet=True).stdout):
+            time.sleep(2)              # a queued task has no log yet
+        print(f"\n--- {exp} (dvc queue logs {exp}) ---", flush=True)
+        dvc("queue", "logs", "--follow", exp, cwd=root)
+    while True:                        # a task not yet started has no log to follow
+        status = dvc("queue", "status", cwd=root, quiet=True).stdout
+        if not any(re.search(rf"\b{re.escape(exp)}\b.*\b(Queued|Running)\b", status) for exp in names):
+            break
+        time.sleep(5)
+    missing = []                       # older experiments of these names were removed above
+    for exp in names:
+        try:
+            experiment_commit(exp, root)
+        except subprocess.CalledProcessError:
+            missing.append(exp)
+    if missing:
+        print(f"error: experiment(s) {', '.join(missing)} failed; see `dvc queue logs <name>`\n{status}",
+              file=sys.stderr)
+        return False
+    return True
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--suite", default="demo", help="a suite of params.yaml `suites` (default: demo)")
     ap.add_argument("--name", default="demo", help="experiment name (default: demo; an older one is replaced)")
     ap.add_argument("--out", default="demo", help="folder for the report (default: demo/, git-ignored)")
+    ap.add_argument("--one-by-one", action="store_true",
+                    help="train the settings in turn in one `dvc exp run --temp` (no queue)")
     args, extra = ap.parse_known_args(argv)
     root = Path.cwd()
     suites = yaml.safe_load((root / "params.yaml").read_text()).get("suites") or {}
@@ -72,8 +128,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: suites.{args.suite}: no such suite in params.yaml (have: {', '.join(suites)})",
               file=sys.stderr)
         return 2
-    names = ",".join(suites[args.suite])
-    cmd = ["dvc", "exp", "run", "--temp", "--force", "--name", args.name, "-S", f"run=[{names}]", *extra]
+    settings = suites[args.suite]
+    if len(settings) > 1 and not args.one_by_one and not train_side_by_side(settings, args.name, extra, root):
+        return 1
+    names = ",".join(settings)
+    dvc("exp", "remove", args.name, cwd=root, quiet=True)   # an older demo (not --force: that retrains)
+    cmd = ["dvc", "exp", "run", "--temp", "--name", args.name, "-S", f"run=[{names}]", *extra]
     print("$ " + " ".join(cmd), flush=True)
     if subprocess.run(cmd, cwd=root).returncode != 0:
         return 1
