@@ -53,7 +53,7 @@ def main() -> None:
     ds = load_dataset(d["dataset"], **kw)
     C = len(ds.classes)
     noisy = make_noisy_labels(ds.y_train, C, nc["kind"], nc["rate"], nc["seed"],
-                              dataset="cifar10" if d["dataset"] == "imagefolder" else d["dataset"],
+                              dataset=nc["asym_map"] if nc["asym_map"] != "auto" else d["dataset"],  # as the stage
                               include_true_class=nc["include_true_class"])
     data = TrainData.build({"x_train": ds.x_train, "y_train": ds.y_train, "x_test": ds.x_test, "y_test": ds.y_test,
                             "mean": ds.mean, "std": ds.std},
