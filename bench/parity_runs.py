@@ -97,6 +97,7 @@ def main() -> None:
         "ce_best": s_ce.get("test_acc_best"), "encoder_knn_top1": enc_knn, "finetune_oracles": oracles,
         "n_T": last.get("n_selected"), "precision_T": last.get("precision_T"), "recall_T": last.get("recall_T"),
         "precision_G": last.get("precision_G"), "knn_top1": last.get("knn_top1"),
+        "precision_T_by_epoch": [round(h["precision_T"], 3) for h in pre["history"] if "precision_T" in h],
         "seconds": {"warmup+pretrain": round(t_pre), "finetune": round(t_ft), "ce": round(t_ce)}}), flush=True)
     if args.history:
         Path(args.history).write_text(json.dumps({

@@ -124,6 +124,20 @@ def collect(args) -> int:
             "knn": metrics.get("knn_clean"),
             "precision_T_by_epoch": [round(h["precision_T"], 3) for h in pre_hist if h.get("precision_T") is not None],
         })
+    for path in args.extra:              # same setting run by bench/parity_runs.py (no DVC)
+        for line in Path(path).read_text().splitlines():
+            r = json.loads(line)
+            if r.get("setting") != s or not line.strip():
+                continue
+            e = r["epochs"]
+            rows.append({
+                "name": f"{s} (parity_runs, {path})", "scale": float(r.get("scale", 1.0)),
+                "epochs": f"{e['warmup']} + {e['pretrain'] - e['warmup']} + {e['finetune']} / {e['ce']}",
+                "selcl_epochs": e["pretrain"] + e["finetune"], "pretrain_min": r["seconds"]["warmup+pretrain"] / 60,
+                "selcl_plus": r["selcl_plus_mean_last"], "ce": r["ce_mean_last"], "ce_final": r["ce_final"],
+                "ce_best": r["ce_best"], "precision_T": r["precision_T"], "recall_T": r["recall_T"],
+                "knn": r["knn_top1"], "precision_T_by_epoch": r.get("precision_T_by_epoch", []),
+            })
     if not rows:
         print(f"error: no experiment named {s}-x<scale> (run `tools/crossover.py queue {s}` first)", file=sys.stderr)
         return 2
@@ -173,6 +187,8 @@ def main(argv: list[str] | None = None) -> int:
     c = sub.add_parser("collect", help="table + figure from the finished experiments")
     c.add_argument("setting")
     c.add_argument("--out", required=True, help="path without suffix: writes .md, .json, .png")
+    c.add_argument("--extra", nargs="*", default=[],
+                   help="JSON-lines files of bench/parity_runs.py: their rows for this setting join the table")
     args, extra = ap.parse_known_args(argv)
     if args.cmd == "collect" and extra:
         ap.error(f"unknown arguments: {' '.join(extra)}")
