@@ -16,7 +16,6 @@ import json
 import subprocess
 import sys
 import textwrap
-import time
 
 import pytest
 import torch
@@ -136,7 +135,12 @@ CLAIM = textwrap.dedent(r"""
     sys.path.insert(0, sys.argv[1])
     from selcl.device import claim_gpu
     print(claim_gpu(int(sys.argv[2]), sys.argv[3], poll_s=0.2), flush=True)
-    time.sleep(float(sys.argv[4]))
+    try:
+        time.sleep(float(sys.argv[4]))           # hold for N seconds ...
+    except ValueError:                           # ... or until the file named appears
+        from pathlib import Path
+        while not Path(sys.argv[4]).exists():
+            time.sleep(0.05)
 """)
 
 
@@ -148,18 +152,17 @@ def test_queue_workers_take_different_gpus(tmp_path):
     locks = tmp_path / "locks"
     start = lambda hold: subprocess.Popen([PYTHON, str(script), str(ROOT), "2", str(locks), str(hold)],  # noqa: E731
                                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    a = start(8.0)
+    release = tmp_path / "release-a"                  # `a` holds its GPU until this exists:
+    a = start(str(release))                           # no race with slow starts under load
     first = a.stdout.readline().strip()
-    b = start(30.0)
+    b = start(300.0)
     second = b.stdout.readline().strip()
     assert {first, second} == {"0", "1"}
-    t0 = time.monotonic()
     c = start(0.0)
-    third = c.stdout.readline().strip()
-    waited = time.monotonic() - t0
-    assert third == first                             # the GPU that `a` released
-    assert "waiting" in c.stderr.read()
-    assert waited > 0.3
+    assert "waiting" in c.stderr.readline()           # both GPUs held: c waits ...
+    release.touch()
+    third = c.stdout.readline().strip()               # ... and takes the GPU that `a` released
+    assert third == first
     b.kill()
     for p in (a, b, c):
         p.wait(timeout=60)
