@@ -207,14 +207,18 @@ def expected_noise_rate(cfg: dict, clean: np.ndarray | None, num_classes: int | 
     return {"none": "0", "file": "the label file's own"}.get(nc["kind"], "—")
 
 
+def _label_file(nc: dict) -> str:
+    """"file: <name>[<key>]" of a label-file noise section."""
+    return f"file: {Path(str(nc['file'])).name}" + (f"[{nc['file_key']}]" if nc.get("file_key") else "")
+
+
 def noise_text(cfg: dict, realised: float | None = None) -> str:
     """How a setting's noise reads in the tables: "sym 0.40", "asym 0.40", "none", or for a
     label file its name (and dict key) with the realised rate ("file: labels.npy, realised
     0.41"): `noise.rate` means nothing for a file, so it is never printed as one."""
     nc = cfg["noise"]
     if nc["kind"] == "file":
-        name = Path(str(nc["file"])).name + (f"[{nc['file_key']}]" if nc.get("file_key") else "")
-        return f"file: {name}, realised {_fmt(realised, 2)}"
+        return f"{_label_file(nc)}, realised {_fmt(realised, 2)}"
     if nc["kind"] == "none":
         return "none"
     return f"{nc['kind']} {nc['rate']:.2f}"
@@ -315,7 +319,7 @@ def build_report(run: list[str], configs: dict[str, dict], runs_dir: Path, table
             with np.load(d / "labels.npz") as f:
                 clean = f["clean"]
         is_file = cfg["noise"]["kind"] == "file"           # a label file has no requested rate
-        kind_cell = noise_text(cfg).split(",")[0] if is_file else cfg["noise"]["kind"]
+        kind_cell = _label_file(cfg["noise"]) if is_file else cfg["noise"]["kind"]
         requested = "—" if is_file else f"{cfg['noise']['rate']:.2f}"
         noise_rows.append(f"| {name} | {kind_cell} | {requested} | "
                           f"{expected_noise_rate(cfg, clean, meta.get('num_classes'), meta.get('dataset'))} | "
