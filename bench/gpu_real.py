@@ -91,9 +91,18 @@ def main() -> None:
     head = [f"# {args.setting} on {info.get('gpu', info['device'])} (torch {info['torch']}), "
             f"{len(ds.y_train)} training images, realised noise {realised:.3f}", ""]
     t0 = time.perf_counter()
+    # Histories are rewritten after every epoch, so a run stopped at the GPU's time limit
+    # still leaves what it measured.
+    # t_s: seconds since the start of this part when the epoch's row was written.
+    def live(path: Path):
+        stamps: list[float] = []
+
+        def write(history: list) -> None:
+            stamps.append(time.perf_counter() - t0)
+            write_csv(path, [{**row, "t_s": t} for row, t in zip(history, stamps[-len(history):])])
+        return write
     if args.part == "ce":
-        hist = baseline(cfg, data, device, ck("baseline"))["history"]
-        write_csv(out.with_suffix(".csv"), hist)
+        hist = baseline(cfg, data, device, ck("baseline"), on_epoch=live(out.with_suffix(".csv")))["history"]
         s = summarise(hist, cfg["baseline"]["eval_last"])
         emit(head + [f"CE baseline, {E} epochs (lr 0.02, ×0.1 after {cfg['baseline']['lr_decay_epochs']}), "
                      f"{time.perf_counter() - t0:.0f} s: best {s['test_acc_best']:.2f} %, "
@@ -104,13 +113,11 @@ def main() -> None:
     warm = warmup(cfg, data, device, ck("warmup"))
     synchronize(device)
     t_warm = time.perf_counter() - t0
-    pre = pretrain(cfg, data, warm, device, ck("pretrain"))
-    write_csv(out.with_name(out.stem + "_pretrain.csv"), pre["history"])
+    pre = pretrain(cfg, data, warm, device, ck("pretrain"), on_epoch=live(out.with_name(out.stem + "_pretrain.csv")))
     write_csv(out.with_name(out.stem + "_timing.csv"), pre["timing"])
     t1 = time.perf_counter()
-    ft = finetune(cfg, data, pre, device, ck("finetune"))
+    ft = finetune(cfg, data, pre, device, ck("finetune"), on_epoch=live(out.with_name(out.stem + "_finetune.csv")))
     t_ft = (time.perf_counter() - t1) / F
-    write_csv(out.with_name(out.stem + "_finetune.csv"), ft["history"])
     s = summarise(ft["history"], cfg["finetune"]["eval_last"])
     train_s = [r["train_s"] for r in pre["timing"]]
     steady = float(np.median(train_s[1:])) if len(train_s) > 1 else train_s[0]
