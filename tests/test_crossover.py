@@ -38,3 +38,14 @@ def test_scaled_budget_keeps_the_setting_proportions(scale):
 def test_experiment_names_round_trip():
     assert exp_name("cpu_cifar10_asym40", 0.25) == "cpu_cifar10_asym40-x0.25"
     assert float(exp_name("s", 2.0).rsplit("-x", 1)[1]) == 2.0
+
+
+def test_collect_keeps_earlier_rows_it_does_not_replace():
+    from crossover import keep_earlier
+    new = [{"name": "s-x2", "scale": 2.0, "ce": 50.0}, {"name": "s-x0.5", "scale": 0.5, "ce": 40.0}]
+    earlier = [{"name": "s-x0.25", "scale": 0.25, "ce": 30.0}, {"name": "s-x0.5", "scale": 0.5, "ce": 1.0}]
+    rows = keep_earlier(new, earlier)
+    by_name = {r["name"]: r for r in rows}
+    assert sorted(by_name) == ["s-x0.25", "s-x0.5", "s-x2"] and len(rows) == 3
+    assert by_name["s-x0.5"]["ce"] == 40.0                 # this run's experiment wins
+    assert by_name["s-x0.25"].get("kept") and not by_name["s-x2"].get("kept")

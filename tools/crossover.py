@@ -4,7 +4,8 @@ experiments, then one table and one figure (accuracy against budget, both method
     python tools/crossover.py queue cpu_cifar10_asym40 --scales 0.25 0.5 1 2 \\
         [-S '++settings.cpu_cifar10_asym40.data.path=/path/to/cifar10-jpeg.tar.gz'] [--start]
     dvc queue status                       # they run in the background (`dvc queue start`)
-    python tools/crossover.py collect cpu_cifar10_asym40 --out bench/results/crossover_asym40
+    python tools/crossover.py collect cpu_cifar10_asym40 --out bench/results/crossover_asym40 \\
+        [--keep bench/results/crossover_asym40.json]   # rows measured in another clone
 
 A budget is the setting's epochs times a scale: pre-training (after its warm-up),
 fine-tuning and CE, with their lr decay epochs and the bootstrapping start scaled alike,
@@ -101,6 +102,14 @@ def _csv(text: str) -> list[dict]:
             for row in csv.DictReader(io.StringIO(text))]
 
 
+def keep_earlier(rows: list[dict], earlier: list[dict]) -> list[dict]:
+    """`rows` plus the rows of an earlier `collect` (its .json) that no row of this one
+    replaces (same name): experiments are git refs of the clone that ran them, so a
+    budget measured in another clone survives in the table only through its JSON."""
+    names = {r["name"] for r in rows}
+    return rows + [dict(r, kept=True) for r in earlier if r["name"] not in names]
+
+
 def collect(args) -> int:
     s = args.setting
     rows = []
@@ -138,6 +147,8 @@ def collect(args) -> int:
                 "ce_best": r["ce_best"], "precision_T": r["precision_T"], "recall_T": r["recall_T"],
                 "knn": r["knn_top1"], "precision_T_by_epoch": r.get("precision_T_by_epoch", []),
             })
+    for path in args.keep:
+        rows = keep_earlier(rows, json.loads(Path(path).read_text()))
     if not rows:
         print(f"error: no experiment named {s}-x<scale> (run `tools/crossover.py queue {s}` first)", file=sys.stderr)
         return 2
@@ -189,6 +200,8 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--out", required=True, help="path without suffix: writes .md, .json, .png")
     c.add_argument("--extra", nargs="*", default=[],
                    help="JSON-lines files of bench/parity_runs.py: their rows for this setting join the table")
+    c.add_argument("--keep", nargs="*", default=[],
+                   help="JSON of an earlier collect: its rows join the table unless an experiment replaces them")
     args, extra = ap.parse_known_args(argv)
     if args.cmd == "collect" and extra:
         ap.error(f"unknown arguments: {' '.join(extra)}")
