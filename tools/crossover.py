@@ -159,11 +159,13 @@ def collect(args) -> int:
              "Budget = the setting's epochs × scale (warm-up + pre-training + fine-tuning / CE). "
              "Sel-CL+ = mean of the last fine-tuning epochs; CE = mean of its last epochs, its final and best epoch.",
              "", "| scale | epochs | pre-training (min) | Sel-CL+ | CE | CE final | CE best | Sel-CL+ − CE | "
-             "precision of T | recall of T | k-NN |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "precision of T | recall of T | k-NN | source |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
+        source = ("bench/parity_runs.py" if "parity_runs" in r["name"] else "DVC queue") + \
+            (", earlier clone" if r.get("kept") else "")
         lines.append(f"| {r['scale']:g} | {r['epochs']} | {r['pretrain_min']:.1f} | {r['selcl_plus']:.2f} | "
                      f"{r['ce']:.2f} | {r['ce_final']:.2f} | {r['ce_best']:.2f} | {r['selcl_plus'] - r['ce']:+.2f} | "
-                     f"{r['precision_T']:.3f} | {r['recall_T']:.3f} | {r['knn']:.2f} |")
+                     f"{r['precision_T']:.3f} | {r['recall_T']:.3f} | {r['knn']:.2f} | {source} |")
     lines += ["", "Precision of T by pre-training epoch:", ""]
     lines += [f"* ×{r['scale']:g}: {', '.join(map(str, r['precision_T_by_epoch']))}" for r in rows]
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
@@ -172,10 +174,19 @@ def collect(args) -> int:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(5, 3.5))
-    x = [r["selcl_epochs"] for r in rows]
-    ax.plot(x, [r["selcl_plus"] for r in rows], "o-", label="Sel-CL+")
-    ax.plot(x, [r["ce"] for r in rows], "s-", label="CE (mean of last)")
-    ax.plot(x, [r["ce_best"] for r in rows], "s:", alpha=0.6, label="CE best epoch")
+    # lines join one run per budget (this collect's experiments where there are any);
+    # other runs of a budget (another clone, bench/parity_runs.py) are unjoined markers
+    own = [r for r in rows if not r.get("kept") and "parity_runs" not in r["name"]]
+    line_rows = own if len({r["scale"] for r in own}) == len(own) and len(own) >= 2 else rows
+    others = [r for r in rows if r not in line_rows]
+    x = [r["selcl_epochs"] for r in line_rows]
+    ax.plot(x, [r["selcl_plus"] for r in line_rows], "o-", color="C0", label="Sel-CL+")
+    ax.plot(x, [r["ce"] for r in line_rows], "s-", color="C1", label="CE (mean of last)")
+    ax.plot(x, [r["ce_best"] for r in line_rows], "s:", color="C1", alpha=0.5, label="CE best epoch")
+    if others:
+        xo = [r["selcl_epochs"] for r in others]
+        ax.plot(xo, [r["selcl_plus"] for r in others], "o", mfc="none", color="C0", label="other runs")
+        ax.plot(xo, [r["ce"] for r in others], "s", mfc="none", color="C1")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("budget: Sel-CL+ epochs in all (CE in proportion)")
     ax.set_ylabel("test accuracy (%)")
