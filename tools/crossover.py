@@ -6,6 +6,7 @@ experiments, then one table and one figure (accuracy against budget, both method
     dvc queue status                       # they run in the background (`dvc queue start`)
     python tools/crossover.py collect cpu_cifar10_asym40 --out bench/results/crossover_asym40 \\
         [--keep bench/results/crossover_asym40.json]   # rows measured in another clone
+        [--histories bench/results/cpu_real_histories]  # each experiment's CSVs into the tree
 
 A budget is the setting's epochs times a scale: pre-training (after its warm-up),
 fine-tuning and CE, with their lr decay epochs and the bootstrapping start scaled alike,
@@ -117,10 +118,18 @@ def collect(args) -> int:
         params = yaml.safe_load(_read("params.yaml", rev))
         from selcl.config import resolve
         cfg = resolve(params, s)
-        metrics = json.loads(_read(f"reports/metrics/{s}.json", rev))
-        pre_hist = _csv(_read(f"runs/{s}/pretrain_history.csv", rev))
-        ce_hist = _csv(_read(f"runs/{s}/baseline_history.csv", rev))
-        timing = _csv(_read(f"runs/{s}/pretrain_timing.csv", rev))
+        files = {f: _read(f, rev) for f in (f"reports/metrics/{s}.json", f"runs/{s}/pretrain_history.csv",
+                                             f"runs/{s}/finetune_history.csv", f"runs/{s}/baseline_history.csv",
+                                             f"runs/{s}/pretrain_timing.csv")}
+        if args.histories:       # experiments live in this clone only: keep their numbers in the tree
+            keep = Path(args.histories) / name
+            keep.mkdir(parents=True, exist_ok=True)
+            for f, text in files.items():
+                (keep / Path(f).name).write_text(text)
+        metrics = json.loads(files[f"reports/metrics/{s}.json"])
+        pre_hist = _csv(files[f"runs/{s}/pretrain_history.csv"])
+        ce_hist = _csv(files[f"runs/{s}/baseline_history.csv"])
+        timing = _csv(files[f"runs/{s}/pretrain_timing.csv"])
         rows.append({
             "name": name, "scale": float(name.rsplit("-x", 1)[1]),
             "epochs": f"{cfg['warmup']['epochs']} + {cfg['pretrain']['epochs'] - cfg['warmup']['epochs']} + "
@@ -211,6 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--out", required=True, help="path without suffix: writes .md, .json, .png")
     c.add_argument("--extra", nargs="*", default=[],
                    help="JSON-lines files of bench/parity_runs.py: their rows for this setting join the table")
+    c.add_argument("--histories", help="folder: each experiment's metrics and per-epoch CSVs go to <folder>/<name>/")
     c.add_argument("--keep", nargs="*", default=[],
                    help="JSON of an earlier collect: its rows join the table unless an experiment replaces them")
     args, extra = ap.parse_known_args(argv)
