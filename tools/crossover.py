@@ -165,7 +165,8 @@ def collect(args) -> int:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     lines = [f"# Crossover: {s}", "",
-             "Budget = the setting's epochs × scale (warm-up + pre-training + fine-tuning / CE). "
+             "Budget = the setting's epochs × scale (warm-up + pre-training + fine-tuning / CE), scaled from "
+             "the setting as it was when the experiment was queued: the epochs column is what ran. "
              "Sel-CL+ = mean of the last fine-tuning epochs; CE = mean of its last epochs, its final and best epoch.",
              "", "| scale | epochs | pre-training (min) | Sel-CL+ | CE | CE final | CE best | Sel-CL+ − CE | "
              "precision of T | recall of T | k-NN | source |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
