@@ -99,7 +99,9 @@ def main() -> None:
 
         def write(history: list) -> None:
             stamps.append(time.perf_counter() - t0)
-            write_csv(path, [{**row, "t_s": t} for row, t in zip(history, stamps[-len(history):])])
+            # rows restored from a checkpoint were written before this process: no stamp
+            ts = [None] * (len(history) - len(stamps)) + stamps[-len(history):]
+            write_csv(path, [{**row, "t_s": t} for row, t in zip(history, ts)])
         return write
     if args.part == "ce":
         hist = baseline(cfg, data, device, ck("baseline"), on_epoch=live(out.with_suffix(".csv")))["history"]
