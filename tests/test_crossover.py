@@ -49,3 +49,19 @@ def test_collect_keeps_earlier_rows_it_does_not_replace():
     assert sorted(by_name) == ["s-x0.25", "s-x0.5", "s-x2"] and len(rows) == 3
     assert by_name["s-x0.5"]["ce"] == 40.0                 # this run's experiment wins
     assert by_name["s-x0.25"].get("kept") and not by_name["s-x2"].get("kept")
+
+
+def test_row_sources_old_and_new_collects():
+    from crossover import _source
+    assert _source({"name": "s-x2", "source": "DVC queue"}) == "DVC queue"
+    assert _source({"name": "s-x2"}) == "DVC queue"                       # a row of an older collect
+    assert _source({"name": "s (parity_runs, r.jsonl)"}) == "bench/parity_runs.py"
+    assert _source({"name": "s-preset", "source": "DVC queue, s-preset", "kept": True}) == \
+        "DVC queue, s-preset, earlier clone"
+
+
+def test_collect_also_names_a_missing_experiment(tmp_path, capsys):
+    from crossover import main
+    rc = main(["collect", "cpu_cifar10_asym40", "--out", str(tmp_path / "x"),
+               "--also", "no-such-experiment-anywhere=4"])
+    assert rc == 2 and "no-such-experiment-anywhere" in capsys.readouterr().err

@@ -76,15 +76,16 @@ def queue(args, extra: list[str]) -> int:
     return 0
 
 
-def _experiments(name_prefix: str) -> dict[str, str]:
-    """experiment name → commit, over every baseline (refs/exps/<ab>/<cd…>/<name>)."""
+def _experiments(name_prefix: str | None) -> dict[str, str]:
+    """experiment name → commit, over every baseline (refs/exps/<ab>/<cd…>/<name>): the
+    crossover's `<name_prefix>-x<scale>` ones, or every experiment (None)."""
     out = subprocess.run(["git", "for-each-ref", "--format=%(refname) %(objectname)", "refs/exps"],
                          cwd=ROOT, capture_output=True, text=True, check=True).stdout
     found = {}
     for line in out.splitlines():
         ref, sha = line.split()
         name = ref.rsplit("/", 1)[-1]
-        if name.startswith(name_prefix + "-x"):
+        if name_prefix is None or name.startswith(name_prefix + "-x"):
             found[name] = sha
     return found
 
@@ -111,37 +112,54 @@ def keep_earlier(rows: list[dict], earlier: list[dict]) -> list[dict]:
     return rows + [dict(r, kept=True) for r in earlier if r["name"] not in names]
 
 
+def _experiment_row(s: str, name: str, rev: str, scale: float, source: str, histories: str | None) -> dict:
+    """One table row from experiment `name` (commit `rev`) of setting `s`."""
+    from selcl.config import resolve
+    cfg = resolve(yaml.safe_load(_read("params.yaml", rev)), s)
+    files = {f: _read(f, rev) for f in (f"reports/metrics/{s}.json", f"runs/{s}/pretrain_history.csv",
+                                         f"runs/{s}/finetune_history.csv", f"runs/{s}/baseline_history.csv",
+                                         f"runs/{s}/pretrain_timing.csv")}
+    if histories:            # experiments live in this clone only: keep their numbers in the tree
+        keep = Path(histories) / name
+        keep.mkdir(parents=True, exist_ok=True)
+        for f, text in files.items():
+            (keep / Path(f).name).write_text(text)
+    metrics = json.loads(files[f"reports/metrics/{s}.json"])
+    pre_hist = _csv(files[f"runs/{s}/pretrain_history.csv"])
+    ce_hist = _csv(files[f"runs/{s}/baseline_history.csv"])
+    timing = _csv(files[f"runs/{s}/pretrain_timing.csv"])
+    return {
+        "name": name, "scale": scale, "source": source,
+        "epochs": f"{cfg['warmup']['epochs']} + {cfg['pretrain']['epochs'] - cfg['warmup']['epochs']} + "
+                  f"{cfg['finetune']['epochs']} / {cfg['baseline']['epochs']}",
+        "selcl_epochs": cfg["pretrain"]["epochs"] + cfg["finetune"]["epochs"],
+        "pretrain_min": sum((t.get(k) or 0) for t in timing for k in ("train_s", "select_s", "knn_s")) / 60,
+        "selcl_plus": metrics.get("selcl_plus"), "ce": metrics.get("ce"),
+        "ce_final": ce_hist[-1]["test_acc"], "ce_best": max(h["test_acc"] for h in ce_hist),
+        "precision_T": metrics.get("precision_T"), "recall_T": metrics.get("recall_T"),
+        "knn": metrics.get("knn_clean"),
+        "precision_T_by_epoch": [round(h["precision_T"], 3) for h in pre_hist if h.get("precision_T") is not None],
+    }
+
+
+def _source(r: dict) -> str:
+    """Where a row came from (rows of older collects carry no "source" key)."""
+    src = r.get("source") or ("bench/parity_runs.py" if "parity_runs" in r["name"] else "DVC queue")
+    return src + (", earlier clone" if r.get("kept") else "")
+
+
 def collect(args) -> int:
     s = args.setting
-    rows = []
-    for name, rev in _experiments(s).items():
-        params = yaml.safe_load(_read("params.yaml", rev))
-        from selcl.config import resolve
-        cfg = resolve(params, s)
-        files = {f: _read(f, rev) for f in (f"reports/metrics/{s}.json", f"runs/{s}/pretrain_history.csv",
-                                             f"runs/{s}/finetune_history.csv", f"runs/{s}/baseline_history.csv",
-                                             f"runs/{s}/pretrain_timing.csv")}
-        if args.histories:       # experiments live in this clone only: keep their numbers in the tree
-            keep = Path(args.histories) / name
-            keep.mkdir(parents=True, exist_ok=True)
-            for f, text in files.items():
-                (keep / Path(f).name).write_text(text)
-        metrics = json.loads(files[f"reports/metrics/{s}.json"])
-        pre_hist = _csv(files[f"runs/{s}/pretrain_history.csv"])
-        ce_hist = _csv(files[f"runs/{s}/baseline_history.csv"])
-        timing = _csv(files[f"runs/{s}/pretrain_timing.csv"])
-        rows.append({
-            "name": name, "scale": float(name.rsplit("-x", 1)[1]),
-            "epochs": f"{cfg['warmup']['epochs']} + {cfg['pretrain']['epochs'] - cfg['warmup']['epochs']} + "
-                      f"{cfg['finetune']['epochs']} / {cfg['baseline']['epochs']}",
-            "selcl_epochs": cfg["pretrain"]["epochs"] + cfg["finetune"]["epochs"],
-            "pretrain_min": sum((t.get(k) or 0) for t in timing for k in ("train_s", "select_s", "knn_s")) / 60,
-            "selcl_plus": metrics.get("selcl_plus"), "ce": metrics.get("ce"),
-            "ce_final": ce_hist[-1]["test_acc"], "ce_best": max(h["test_acc"] for h in ce_hist),
-            "precision_T": metrics.get("precision_T"), "recall_T": metrics.get("recall_T"),
-            "knn": metrics.get("knn_clean"),
-            "precision_T_by_epoch": [round(h["precision_T"], 3) for h in pre_hist if h.get("precision_T") is not None],
-        })
+    also = [item.partition("=")[::2] for item in args.also]   # other experiments of the setting
+    every = _experiments(None) if also else {}                 # (e.g. the shipped preset) at a given scale
+    for name, _ in also:
+        if name not in every:
+            print(f"error: --also {name}: no experiment of that name", file=sys.stderr)
+            return 2
+    rows = [_experiment_row(s, name, rev, float(name.rsplit("-x", 1)[1]), "DVC queue", args.histories)
+            for name, rev in _experiments(s).items()]
+    rows += [_experiment_row(s, name, every[name], float(scale), "DVC queue, " + name, args.histories)
+             for name, scale in also]
     for path in args.extra:              # same setting run by bench/parity_runs.py (no DVC)
         for line in Path(path).read_text().splitlines():
             r = json.loads(line)
@@ -150,6 +168,7 @@ def collect(args) -> int:
             e = r["epochs"]
             rows.append({
                 "name": f"{s} (parity_runs, {path})", "scale": float(r.get("scale", 1.0)),
+                "source": "bench/parity_runs.py",
                 "epochs": f"{e['warmup']} + {e['pretrain'] - e['warmup']} + {e['finetune']} / {e['ce']}",
                 "selcl_epochs": e["pretrain"] + e["finetune"], "pretrain_min": r["seconds"]["warmup+pretrain"] / 60,
                 "selcl_plus": r["selcl_plus_mean_last"], "ce": r["ce_mean_last"], "ce_final": r["ce_final"],
@@ -171,13 +190,12 @@ def collect(args) -> int:
              "", "| scale | epochs | pre-training (min) | Sel-CL+ | CE | CE final | CE best | Sel-CL+ − CE | "
              "precision of T | recall of T | k-NN | source |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        source = ("bench/parity_runs.py" if "parity_runs" in r["name"] else "DVC queue") + \
-            (", earlier clone" if r.get("kept") else "")
+        source = _source(r)
         lines.append(f"| {r['scale']:g} | {r['epochs']} | {r['pretrain_min']:.1f} | {r['selcl_plus']:.2f} | "
                      f"{r['ce']:.2f} | {r['ce_final']:.2f} | {r['ce_best']:.2f} | {r['selcl_plus'] - r['ce']:+.2f} | "
                      f"{r['precision_T']:.3f} | {r['recall_T']:.3f} | {r['knn']:.2f} | {source} |")
     lines += ["", "Precision of T by pre-training epoch:", ""]
-    lines += [f"* ×{r['scale']:g}: {', '.join(map(str, r['precision_T_by_epoch']))}" for r in rows]
+    lines += [f"* ×{r['scale']:g} ({_source(r)}): {', '.join(map(str, r['precision_T_by_epoch']))}" for r in rows]
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
     out.with_suffix(".json").write_text(json.dumps(rows, indent=1))
     import matplotlib
@@ -186,7 +204,7 @@ def collect(args) -> int:
     fig, ax = plt.subplots(figsize=(5, 3.5))
     # lines join one run per budget (this collect's experiments where there are any);
     # other runs of a budget (another clone, bench/parity_runs.py) are unjoined markers
-    own = [r for r in rows if not r.get("kept") and "parity_runs" not in r["name"]]
+    own = [r for r in rows if _source(r) == "DVC queue"]
     line_rows = own if len({r["scale"] for r in own}) == len(own) and len(own) >= 2 else rows
     others = [r for r in rows if r not in line_rows]
     x = [r["selcl_epochs"] for r in line_rows]
@@ -222,6 +240,8 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--extra", nargs="*", default=[],
                    help="JSON-lines files of bench/parity_runs.py: their rows for this setting join the table")
     c.add_argument("--histories", help="folder: each experiment's metrics and per-epoch CSVs go to <folder>/<name>/")
+    c.add_argument("--also", nargs="*", default=[], metavar="NAME=SCALE",
+                   help="other experiments of the setting (any name), drawn as other runs at SCALE")
     c.add_argument("--keep", nargs="*", default=[],
                    help="JSON of an earlier collect: its rows join the table unless an experiment replaces them")
     args, extra = ap.parse_known_args(argv)
