@@ -1,0 +1,59 @@
+"""Diagnosis: the selection T that a *trained* Sel-CL encoder gives at other K and α.
+
+Loads a pre-training output (runs/<setting>/pretrain.pt, its data.npz and labels.npz),
+embeds the un-augmented training images with the online network, as the stage does
+after its last epoch, and runs `selcl.selection.select` for every K × α asked for:
+|T|, precision and recall of T, n_sel. Nothing is trained: this says whether the
+precision of T is limited by the encoder or by the selection's settings.
+
+    python bench/selection_sweep.py runs/cpu_cifar10_sym50 --k 10 25 50 100 --alpha 0.25 0.5
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("run_dir", help="runs/<setting> of a finished pre-training")
+    ap.add_argument("--setting", help="setting name (default: the run folder's name)")
+    ap.add_argument("--k", type=int, nargs="+", default=[10, 25, 50, 100])
+    ap.add_argument("--alpha", type=float, nargs="+", default=None, help="default: the setting's α")
+    ap.add_argument("--params", default=str(ROOT / "params.yaml"))
+    args = ap.parse_args(argv)
+    import torch
+
+    from selcl.config import load_params, resolve
+    from selcl.evaluate import embed
+    from selcl.selection import select
+    from selcl.train import TrainData, make_model
+
+    run = Path(args.run_dir)
+    cfg = resolve(load_params(args.params), args.setting or run.name)
+    pc, dev = cfg["pretrain"], torch.device("cpu")
+    data = TrainData.load(run, dev)
+    state = torch.load(run / "pretrain.pt", map_location=dev, weights_only=False)
+    model = make_model(cfg["model"], data.num_classes, dev)
+    model.load_state_dict(state["model"])
+    z, _ = embed(model, data.x, data.mean, data.std, crop=data.crop)
+    print(f"{run}: {data.n} examples, labels {float((data.noisy == data.clean).float().mean()):.3f} right; "
+          f"the run used K = {pc['k']}, α = {pc['alpha']}, β = {pc['beta']}")
+    print("| K | α | n_sel | \\|T\\| | precision of T | recall of T |")
+    print("|---|---|---|---|---|---|")
+    for k in args.k:
+        for alpha in args.alpha or [pc["alpha"]]:
+            sel = select(z, data.noisy, data.num_classes, k=k, alpha=alpha, beta=pc["beta"],
+                         weighting=pc["knn_weighting"], seed=pc["epochs"], clean_labels=data.clean)
+            st = sel.stats
+            print(f"| {k} | {alpha:g} | {int(st['n_per_class'])} | {int(st['n_selected'])} | "
+                  f"{st['precision_T']:.3f} | {st['recall_T']:.3f} |", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,40 @@
+"""bench/selection_sweep.py: the selection of a saved encoder at other K, as `select` gives it."""
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+
+
+def test_sweep_rows_are_the_selection_of_the_saved_encoder(tmp_path, capsys):
+    import selection_sweep
+
+    from selcl.config import load_params, resolve
+    from selcl.data import load_dataset, save_arrays
+    from selcl.evaluate import embed
+    from selcl.noise import make_noisy_labels
+    from selcl.selection import select
+    from selcl.train import TrainData, make_model
+
+    cfg = resolve(load_params(ROOT / "params.yaml"), "demo_sym40")
+    run = tmp_path / "demo_sym40"
+    ds = load_dataset("digits")
+    save_arrays(ds, run / "data.npz")
+    noisy = make_noisy_labels(ds.y_train, 10, "sym", 0.4, 42)
+    np.savez(run / "labels.npz", noisy=noisy, clean=ds.y_train, num_classes=10)
+    model = make_model(cfg["model"], 10, torch.device("cpu"))
+    torch.save({"model": model.state_dict()}, run / "pretrain.pt")
+
+    assert selection_sweep.main([str(run), "--k", "5", "40", "--alpha", "0.5"]) == 0
+    rows = [r for r in capsys.readouterr().out.splitlines() if r.startswith("| 5 ") or r.startswith("| 40 ")]
+    assert len(rows) == 2
+    data = TrainData.load(run, torch.device("cpu"))
+    z, _ = embed(model, data.x, data.mean, data.std)
+    for row, k in zip(rows, (5, 40)):
+        st = select(z, data.noisy, 10, k=k, alpha=0.5, beta=cfg["pretrain"]["beta"],
+                    seed=cfg["pretrain"]["epochs"], clean_labels=data.clean).stats
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        assert int(cells[3]) == st["n_selected"] and float(cells[4]) == round(st["precision_T"], 3)
