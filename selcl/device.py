@@ -99,7 +99,10 @@ def memory_format(device: torch.device) -> torch.memory_format:
     convolutions avoid layout transposes, and on the CPU oneDNN runs NHWC natively where
     NCHW costs a reorder per call (a Sel-CL step of the CPU presets: 0.357 → 0.268 s on 2
     cores). The layout changes float summation order, not the arithmetic: a run stays
-    bit-reproducible on the same machine and thread count."""
+    bit-reproducible on the same machine and thread count. SELCL_CHANNELS_LAST=0: the
+    NCHW layout (to compare, e.g. `bench/step.py`; results before 2026-11-26 used it on CPU)."""
+    if os.environ.get("SELCL_CHANNELS_LAST", "1").lower() in ("0", "false", "no"):
+        return torch.contiguous_format
     return torch.channels_last
 
 

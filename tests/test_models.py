@@ -135,6 +135,25 @@ def test_channels_last():
     torch.testing.assert_close(logits2, logits, atol=1e-4, rtol=1e-4)
 
 
+def test_training_layout_is_channels_last_unless_turned_off(monkeypatch):
+    """Every device trains in channels_last (oneDNN / cuDNN NHWC); SELCL_CHANNELS_LAST=0
+    gives NCHW, and a model made under either computes the same function."""
+    from selcl.device import memory_format
+    from selcl.train import make_model
+    cfg = {"arch": "small", "width": 8, "blocks": [1, 1], "proj_dim": 16, "seed": 1}
+    x = torch.randn(6, 3, 16, 16, generator=gen(3))
+    monkeypatch.delenv("SELCL_CHANNELS_LAST", raising=False)
+    assert memory_format(torch.device("cpu")) == torch.channels_last
+    m_cl = make_model(cfg, 10, torch.device("cpu"))
+    assert m_cl.encoder.conv1.weight.is_contiguous(memory_format=torch.channels_last)
+    monkeypatch.setenv("SELCL_CHANNELS_LAST", "0")
+    assert memory_format(torch.device("cpu")) == torch.contiguous_format
+    m = make_model(cfg, 10, torch.device("cpu"))
+    assert m.encoder.conv1.weight.is_contiguous()
+    for a, b in zip(m(x), m_cl(x.contiguous(memory_format=torch.channels_last))):
+        torch.testing.assert_close(b, a, atol=1e-5, rtol=1e-5)
+
+
 def test_backward_reaches_all_params():
     m = M.build_model("small", 10, width=8, blocks=(1, 1), generator=gen(0))
     z, logits = m(torch.randn(4, 3, 16, 16, generator=gen(8)))
