@@ -24,6 +24,13 @@ elif ! timeout 240 $py bench/step.py --iters 20 --out "$out/step.md" > "$out/ste
   tail -30 "$out/step.log"; echo "compiled step failed: SELCL_COMPILE=0 from here"; export SELCL_COMPILE=0
 fi
 cat "$out/step.md" 2>/dev/null
+# The same with L_SIM recomputed (SELCL_SIM_RECOMPUTE=1: every online graph back-propagated
+# once, so CUDA graphs for the online network too): the lever of bench/results/gpu_notes.md.
+if [ -z "${SKIP_STEP:-}" ]; then
+  timeout 240 $py bench/step.py --iters 20 --sim-recompute --out "$out/step_recompute.md" > "$out/step_recompute.log" 2>&1 \
+    || tail -30 "$out/step_recompute.log"
+  cat "$out/step_recompute.md" 2>/dev/null
+fi
 # CE for the same number of epochs as Sel-CL + Sel-CL+, then for twice as many (has it
 # converged, or begun to memorise?), one after the other beside the Sel-CL part.
 ( timeout "$(left)" $py bench/gpu_real.py ${GPU_REAL_ARGS:-} --data "$data" --part ce --epochs "$P" --finetune-epochs "$F" --out "$out/ce.md" \

@@ -62,8 +62,13 @@ def main() -> None:
     ap.add_argument("--out", default=None, help="also write the table to this file")
     ap.add_argument("--eager", action="store_true",
                     help="no CUDA graphs (SELCL_COMPILE=0): both steps call the plain modules")
+    ap.add_argument("--sim-recompute", action="store_true",
+                    help="SELCL_SIM_RECOMPUTE=1: L_SIM's gradient from its own forward, so that the online "
+                         "network replays as CUDA graphs too (one extra forward of the mixed views)")
     args = ap.parse_args()
 
+    if args.sim_recompute:
+        os.environ["SELCL_SIM_RECOMPUTE"] = "1"
     if args.eager:
         os.environ["SELCL_COMPILE"] = "0"
     device = get_device()
@@ -111,7 +116,8 @@ def main() -> None:
         "",
         f"arch {args.arch}, batch {args.batch}, images {args.size}px, memory {tr.memory.size}, "
         f"{args.iters} timed iterations after 3 warm-up ones, "
-        f"{'eager' if args.eager or device.type != 'cuda' else 'compiled: CE step and EMA as CUDA graphs (reduce-overhead); the Sel-CL online network without graphs (its graph is back-propagated twice for the clipped L_SIM gradient)'}",
+        f"{'eager' if args.eager or device.type != 'cuda' else 'compiled: CE step and EMA as CUDA graphs (reduce-overhead); ' + ('the Sel-CL online network too (L_SIM recomputed: SELCL_SIM_RECOMPUTE=1)' if args.sim_recompute else 'the Sel-CL online network without graphs (its graph is back-propagated twice for the clipped L_SIM gradient)')}"
+        f"{', L_SIM from its own forward (SELCL_SIM_RECOMPUTE=1)' if args.sim_recompute and (args.eager or device.type != 'cuda') else ''}",
         "",
         "| step | time (ms) |", "|---|---|",
         f"| Sel-CL pre-training step | {t_sel * 1e3:.1f} |",

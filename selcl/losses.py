@@ -230,6 +230,7 @@ def selective_losses(z_mix: torch.Tensor, p_mix: torch.Tensor, u: torch.Tensor |
 
       L_sel = mean_i(s_i·u_i) + Σ_terms mean_i ℓ_i          L_SIM = Σ_terms mean BCE
     Returns {"l_sel", "l_sim" (0 if not `similarity`), "s" [B] (fallback weights)}.
+    z_mix None: L_SIM alone ({"l_sim"}; the candidates' z may be None too).
     """
     partner_ids = anchor_ids[partner_rows]
     l_sel, l_sim, n_sup = 0.0, 0.0, []
@@ -237,10 +238,13 @@ def selective_losses(z_mix: torch.Tensor, p_mix: torch.Tensor, u: torch.Tensor |
         if c is None:
             continue
         masks = term_masks(anchor_ids, partner_ids, c.ids, c.current, c.own, in_G, partner_rows)
-        l_i, n_i = sup_contrastive_term(z_mix, c.z, lam, masks, temperature)
-        l_sel, n_sup = l_sel + l_i.mean(), n_sup + [n_i]
+        if z_mix is not None:
+            l_i, n_i = sup_contrastive_term(z_mix, c.z, lam, masks, temperature)
+            l_sel, n_sup = l_sel + l_i.mean(), n_sup + [n_i]
         if similarity:
             l_sim = l_sim + similarity_term(p_mix, c.p, lam, masks)
+    if z_mix is None:
+        return {"l_sim": l_sim}
     s = fallback_weights(n_sup[0], n_sup[1] if memory is not None else None)
     if u is not None:
         l_sel = l_sel + (s * _f32(u)).mean()

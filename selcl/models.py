@@ -79,6 +79,21 @@ def bn_groups(model: nn.Module, groups: int):
             m.groups = 1
 
 
+@contextlib.contextmanager
+def frozen_bn_statistics(model: nn.Module):
+    """Within the block, training-mode BatchNorm still normalises with batch statistics,
+    but every running mean / variance / batch count of `model` is restored on exit: an
+    extra forward pass (Sel-CL's L_SIM recompute) leaves no trace in them."""
+    bufs = [b for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)
+            for b in (m.running_mean, m.running_var, m.num_batches_tracked) if b is not None]
+    saved = [b.clone() for b in bufs]
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            torch._foreach_copy_(bufs, saved)
+
+
 def _conv3x3(cin: int, cout: int, stride: int = 1) -> nn.Conv2d:
     return nn.Conv2d(cin, cout, kernel_size=3, stride=stride, padding=1, bias=False)
 

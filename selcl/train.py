@@ -31,7 +31,7 @@ from .checkpoint import Checkpointer
 from .device import autocast, compiled, is_cuda, knn_index_for, memory_format, synchronize
 from .evaluate import embed, test_accuracy, weighted_knn_accuracy
 from .memory import KeyQueue, LabelledMemory
-from .models import EMA, bn_groups, build_model, per_group_sync_bn
+from .models import EMA, bn_groups, build_model, frozen_bn_statistics, per_group_sync_bn
 from .pairs import pair_rule
 from .selection import Selection, select
 
@@ -280,6 +280,7 @@ class Pretrainer:
     ema_net: torch.nn.Module | None = None  # forward of the EMA network; None: ema.model
     order: torch.Generator | None = None  # batch order (DDP: same on all ranks); None: `g`
     uns_temperature: float = 0.1    # τ of the MoCo loss u_i (warmup.temperature; the authors' uns_t)
+    sim_recompute: bool = False     # L_SIM's gradient from its own forward (see `step`; SELCL_SIM_RECOMPUTE)
 
     def __post_init__(self):
         self.net = self.net if self.net is not None else self.model
@@ -351,37 +352,44 @@ class Pretrainer:
             ic = T_idx[torch.randint(len(T_idx), (B,), generator=self.g, device=device)]
             c1, c2 = _views(data.x[ic], self.g, data, n=2)
             (lc1, pc1), (lc2, pc2) = self.mixup(B, device, mixup_on), self.mixup(B, device, mixup_on)
+        use_sim = pc["classifier"] and pc["sim_loss"] and pc["lambda_sim"] > 0 and not supervised_warmup
+        lam = torch.cat([lam1.expand(B), lam2.expand(B)]).float()
+        anchor_ids = torch.cat([idx, idx])                  # dominant example of each anchor
+        partner_rows = torch.cat([p1, p2 + B])
+        # EMA: un-mixed v2 (the MoCo key), mixed view 1, mixed view 2 (no gradient; its own
+        # BatchNorm statistics, so its place among the online calls changes nothing).
+        zk, logits_k = self._ema([v2, m1, m2])
+        k, z_ema_mix, p_ema_mix = zk[:B], zk[B:], logits_k[B:].softmax(1)
+        self._remember(z_ema_mix, p_ema_mix, idx)           # (3) the memory holds the current batch
+        g_sim = None
+        if use_sim and self.sim_recompute:
+            # L_SIM's clipped gradient from its own online pass over the mixed views, freed
+            # before the main pass: every online graph is then back-propagated once (CUDA
+            # graphs allowed) for one extra 2B-row forward. Same values as the retained
+            # graph below up to float rounding; BatchNorm running statistics untouched.
+            with frozen_bn_statistics(self.model):      # restored after this pass's backward
+                _, logits_s = self._online([m1, m2])
+                p_s = logits_s.softmax(1)
+                batch_s, memory_s = self._candidates(None, p_s, anchor_ids, read_memory)
+                l_sim_s = losses.selective_losses(None, p_s, None, lam, anchor_ids, partner_rows, rule.in_G,
+                                                  batch_s, memory_s, pc["temperature"])["l_sim"]
+                g_sim = self._clipped_sim_grad(pc["lambda_sim"] * l_sim_s, retain=False)
+            l_sim_s = l_sim_s.detach()
+            del logits_s, p_s, batch_s, memory_s     # a CUDA graph's outputs: dead before it replays
         # Online: v1 (for u_i), mixed view 1, mixed view 2 in one call, then the two L_CLS
         # views in another (the authors' order of BatchNorm updates). Two calls, not one:
         # the separate gradient of L_SIM then only runs back through the first (3B rows).
-        # EMA: un-mixed v2 (the MoCo key), mixed view 1, mixed view 2.
         z, logits = self._online([v1, m1, m2])
         if use_cls:
             _, logits_cls = self._online([losses.mix(c1, lc1, pc1), losses.mix(c2, lc2, pc2)])
-        zk, logits_k = self._ema([v2, m1, m2])
         q, z_mix, logits_mix = z[:B], z[B:], logits[B:]
-        k, z_ema_mix, p_ema_mix = zk[:B], zk[B:], logits_k[B:].softmax(1)
         u = losses.moco_loss(q, k, self.queue.keys, self.uns_temperature, reduction="none")  # (1), queue before this batch
-        self._remember(z_ema_mix, p_ema_mix, idx)           # (3) the memory holds the current batch
-
-        lam = torch.cat([lam1.expand(B), lam2.expand(B)]).float()
-        anchor_ids = torch.cat([idx, idx])                  # dominant example of each anchor
         p_mix = logits_mix.softmax(1)
-        # (4) batch term: candidates = the 2B online mixed embeddings of the (global) batch;
-        # memory term: the whole memory (EMA), read from memory_start_epoch
-        own = dist.offset(2 * B) + torch.arange(2 * B, device=device)
-        cand_ids = dist.gather(anchor_ids)
-        batch = losses.Candidates(dist.gather_with_grad(z_mix), dist.gather_with_grad(p_mix), cand_ids,
-                                  torch.ones_like(cand_ids, dtype=torch.bool), own)
-        memory = None
-        if read_memory and pc["memory"] and len(self.memory) > 0:
-            memory = losses.Candidates(self.memory.feats, self.memory.probs, self.memory.ids,
-                                       self.memory.current_mask(), self.memory.current[0] + own)
-        use_sim = pc["classifier"] and pc["sim_loss"] and pc["lambda_sim"] > 0 and not supervised_warmup
+        batch, memory = self._candidates(z_mix, p_mix, anchor_ids, read_memory)
         L = losses.selective_losses(z_mix, p_mix, None if supervised_warmup else u, lam, anchor_ids,
-                                    torch.cat([p1, p2 + B]), rule.in_G, batch, memory,
-                                    pc["temperature"], similarity=use_sim)
-        loss, l_sim = L["l_sel"], L["l_sim"]
+                                    partner_rows, rule.in_G, batch, memory,
+                                    pc["temperature"], similarity=use_sim and g_sim is None)
+        loss, l_sim = L["l_sel"], (l_sim_s if g_sim is not None else L["l_sim"])
         out = {"l_sel": loss.detach(), "fallback": L["s"].mean()}
         if use_cls:                                                               # (7)
             yc = data.noisy[ic]
@@ -390,26 +398,46 @@ class Pretrainer:
                                                torch.cat([yc[pc1], yc[pc2]]), lc)
             loss = loss + pc["lambda_cls"] * l_cls
             out["l_cls"] = l_cls.detach()
-        self._apply(loss, pc["lambda_sim"] * l_sim if use_sim else None)
+        if g_sim is None and use_sim:
+            g_sim = self._clipped_sim_grad(pc["lambda_sim"] * l_sim, retain=True)
+        self._apply(loss, g_sim)
         self.queue.enqueue(dist.gather(k))                  # (1) after the step: u_i saw the old keys
         if use_sim:
             out["l_sim"] = l_sim.detach()
         out["loss"] = loss.detach()
         return out
 
-    def _apply(self, loss: torch.Tensor, sim: torch.Tensor | None = None) -> None:
-        """One SGD step. With `sim` (λ_s·L_SIM), its gradient is computed first, averaged
-        over ranks, clipped to a total norm of 0.25 (as `clip_grad_norm_`), and added
-        to the gradient of `loss` (SPEC §10.2.6); then the EMA update."""
+    def _candidates(self, z_mix, p_mix, anchor_ids, read_memory: bool):
+        """(4) The two terms' candidates: the batch term's are the 2B online mixed rows of
+        the (global) batch; the memory term's the whole memory (EMA), read from
+        memory_start_epoch (None before, or without a memory). z_mix None: L_SIM only."""
+        device, n = anchor_ids.device, anchor_ids.shape[0]
+        own = dist.offset(n) + torch.arange(n, device=device)
+        cand_ids = dist.gather(anchor_ids)
+        batch = losses.Candidates(None if z_mix is None else dist.gather_with_grad(z_mix),
+                                  dist.gather_with_grad(p_mix), cand_ids,
+                                  torch.ones_like(cand_ids, dtype=torch.bool), own)
+        memory = None
+        if read_memory and self.pc["memory"] and len(self.memory) > 0:
+            memory = losses.Candidates(self.memory.feats, self.memory.probs, self.memory.ids,
+                                       self.memory.current_mask(), self.memory.current[0] + own)
+        return batch, memory
+
+    def _clipped_sim_grad(self, sim: torch.Tensor, retain: bool) -> list:
+        """∇λ_s·L_SIM over the parameters, averaged over ranks, clipped to a total norm of
+        0.25 (as `clip_grad_norm_`; SPEC §10.2.6). autograd.grad, not backward: the DDP
+        reducer sees only the main backward. `retain`: the graph is back-propagated again."""
+        g = torch.autograd.grad(sim, self.params, retain_graph=retain, allow_unused=True)
+        g = [torch.zeros_like(p) if gi is None else gi for p, gi in zip(self.params, g)]
+        dist.average_(g)
+        norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(gi) for gi in g]))
+        torch._foreach_mul_(g, torch.clamp(SIM_MAX_NORM / (norm + 1e-6), max=1.0))
+        return g
+
+    def _apply(self, loss: torch.Tensor, g_sim: list | None = None) -> None:
+        """One SGD step: the gradient of `loss` plus `g_sim` (L_SIM's clipped gradient,
+        `_clipped_sim_grad`), then the EMA update."""
         self.opt.zero_grad(set_to_none=True)
-        g_sim = None
-        if sim is not None:
-            # autograd.grad, not backward: the DDP reducer sees only the main backward.
-            g_sim = torch.autograd.grad(sim, self.params, retain_graph=True, allow_unused=True)
-            g_sim = [torch.zeros_like(p) if g is None else g for p, g in zip(self.params, g_sim)]
-            dist.average_(g_sim)
-            norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in g_sim]))
-            torch._foreach_mul_(g_sim, torch.clamp(SIM_MAX_NORM / (norm + 1e-6), max=1.0))
         loss.backward()
         for p in self.params:
             # A parameter this loss does not reach (the classifier in the Uns-CL warm-up) gets a
@@ -443,6 +471,15 @@ def _clips_sim(pc: dict) -> bool:
     return bool(pc["classifier"] and pc["sim_loss"] and pc["lambda_sim"] > 0)
 
 
+def sim_recompute_enabled() -> bool:
+    """SELCL_SIM_RECOMPUTE=1: L_SIM's gradient from its own online pass instead of a
+    retained graph (`Pretrainer.step`), so that the online network can replay as CUDA
+    graphs. Off by default until measured on a GPU; one process only (under DDP an extra
+    forward would confuse the reducer). Never changes a tracked param."""
+    import os
+    return os.environ.get("SELCL_SIM_RECOMPUTE", "0").lower() in ("1", "true", "yes") and dist.world_size() == 1
+
+
 def make_pretrainer(cfg: dict, num_classes: int, device, warm: dict | None = None,
                     ema_momentum: float | None = None) -> Pretrainer:
     """The pre-training state: fresh (warm-up), or continued from the warm-up's output
@@ -457,8 +494,9 @@ def make_pretrainer(cfg: dict, num_classes: int, device, warm: dict | None = Non
     tr = Pretrainer(model, ema, sgd(model, pc), queue, memory, g, np_rng, pc,
                     # unused heads under DDP: the classifier in the Uns-CL warm-up or when off
                     net=training_forward(model, device, unused_heads=warm is None or not pc["classifier"],
-                                         cuda_graphs=not _clips_sim(pc)),
-                    ema_net=key_forward(ema), order=order, uns_temperature=cfg["warmup"]["temperature"])
+                                         cuda_graphs=not _clips_sim(pc) or sim_recompute_enabled()),
+                    ema_net=key_forward(ema), order=order, uns_temperature=cfg["warmup"]["temperature"],
+                    sim_recompute=sim_recompute_enabled())
     if warm is not None:
         tr.load_state_dict(warm)          # random streams continue too: one run
         tr.ema.momentum = float(pc["ema"])

@@ -109,3 +109,39 @@ def test_uns_cl_warmup_fills_queue_and_memory():
     assert set(out) == {"loss"} and torch.isfinite(out["loss"])
     # every parameter took a step (the classifier too: zero gradient + weight decay / momentum state)
     assert all(p.grad is not None for p in tr.model.parameters())
+
+
+@pytest.mark.parametrize("read_memory", [False, True])
+def test_sim_recompute_takes_the_same_step(read_memory):
+    """SELCL_SIM_RECOMPUTE: L_SIM's clipped gradient from its own forward (each online graph
+    back-propagated once) gives the step of the retained-graph path: same parameters,
+    momentum and BatchNorm running statistics (the extra forward leaves no trace), up to
+    float rounding (its forward sees 2B rows, the main one 3B)."""
+    runs = []
+    for recompute in (False, True):
+        tr, data, rule = _setup()
+        tr.sim_recompute = recompute
+        out = _step(tr, data, rule, read_memory=read_memory)
+        runs.append((tr, out))
+    (a, out_a), (b, out_b) = runs
+    for name, p in a.model.state_dict().items():          # weights and BN running statistics
+        torch.testing.assert_close(b.model.state_dict()[name], p, atol=1e-6, rtol=1e-5, msg=name)
+    for pa, pb in zip(a.model.parameters(), b.model.parameters()):
+        torch.testing.assert_close(b.opt.state[pb]["momentum_buffer"], a.opt.state[pa]["momentum_buffer"],
+                                   atol=1e-6, rtol=1e-5)
+    for k in ("l_sel", "l_sim", "l_cls", "loss"):
+        torch.testing.assert_close(out_b[k], out_a[k], atol=1e-6, rtol=1e-5)
+    assert out_a["l_sim"] > 0
+
+
+def test_sim_recompute_is_not_a_no_op():
+    """The clipped L_SIM gradient is really added on the recompute path: without it
+    (λ_s = 0) the step differs."""
+    tr, data, rule = _setup()
+    tr.sim_recompute = True
+    _step(tr, data, rule)
+    tr0, data0, rule0 = _setup(lambda_sim=0.0)
+    tr0.sim_recompute = True
+    _step(tr0, data0, rule0)
+    diffs = [float((p - q).detach().abs().max()) for p, q in zip(tr.model.parameters(), tr0.model.parameters())]
+    assert max(diffs) > 1e-7
