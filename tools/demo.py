@@ -77,7 +77,32 @@ def dvc(*args: str, cwd: Path, env: dict | None = None, quiet: bool = False) -> 
 
 
 def train_side_by_side(settings: list[str], name: str, extra: list[str], root: Path) -> bool:
-    """Each setting as its own queued experiment, all running at once; True when all succeed."""
+    """Each setting as its own queued experiment, all running at once; True when all succeed.
+
+    A setting whose experiment failed is queued once more, alone, with the same thread
+    count (so the same numbers; its finished stages come from the run-cache): parallel
+    queue workers share one cache, and two of them committing a byte-identical output at
+    the same moment can fail one ("unable to remove ... without a confirmation", a DVC
+    race: treeverse/dvc#10673). Tiny settings whose stages end alike meet it."""
+    threads = max(1, (os.cpu_count() or 1) // len(settings))
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+    todo = settings
+    for attempt in (1, 2):
+        missing = _queue_and_wait(todo, name, extra, root, env)
+        if missing is None:
+            return False
+        if not missing:
+            return True
+        todo = [s for s in todo if f"{name}-{s}" in missing]
+        print(f"{', '.join(missing)} failed" + ("; queued once more, alone" if attempt == 1 else ""),
+              file=sys.stderr, flush=True)
+    print("error: see `dvc queue logs <name>`", file=sys.stderr)
+    return False
+
+
+def _queue_and_wait(settings: list[str], name: str, extra: list[str], root: Path, env: dict) -> list[str] | None:
+    """Queue `settings`, start one worker each, follow them; the experiments that failed
+    (None: queueing itself failed)."""
     names = [f"{name}-{s}" for s in settings]
     for exp in names:                                       # an older demo's (absent: no-op)
         dvc("exp", "remove", exp, cwd=root, quiet=True)
@@ -85,12 +110,10 @@ def train_side_by_side(settings: list[str], name: str, extra: list[str], root: P
         cmd = ["exp", "run", "--queue", "--name", exp, "-S", f"run=[{setting}]", *extra]
         print("$ dvc " + " ".join(cmd), flush=True)
         if dvc(*cmd, cwd=root).returncode != 0:
-            return False
-    threads = max(1, (os.cpu_count() or 1) // len(settings))
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
-    print(f"$ OMP_NUM_THREADS={threads} dvc queue start -j {len(settings)}", flush=True)
+            return None
+    print(f"$ OMP_NUM_THREADS={env['OMP_NUM_THREADS']} dvc queue start -j {len(settings)}", flush=True)
     if dvc("queue", "start", "-j", str(len(settings)), cwd=root, env=env).returncode != 0:
-        return False
+        return None
     for exp in names:                  # their live output, one after the other (tqdm bars)
         while re.search(rf"\b{re.escape(exp)}\b.*\bQueued\b", dvc("queue", "status", cwd=root, quiet=True).stdout):
             time.sleep(2)              # a queued task has no log yet
@@ -108,10 +131,8 @@ def train_side_by_side(settings: list[str], name: str, extra: list[str], root: P
         except subprocess.CalledProcessError:
             missing.append(exp)
     if missing:
-        print(f"error: experiment(s) {', '.join(missing)} failed; see `dvc queue logs <name>`\n{status}",
-              file=sys.stderr)
-        return False
-    return True
+        print(status, file=sys.stderr)
+    return missing
 
 
 def main(argv: list[str] | None = None) -> int:
