@@ -111,13 +111,20 @@ def main() -> None:
 
     info = describe(device)
     ratio = t_sel / t_ce
+    recompute = ", L_SIM from its own forward (SELCL_SIM_RECOMPUTE=1)" if args.sim_recompute else ""
+    if args.eager or device.type != "cuda":
+        mode = "eager" + recompute
+    else:
+        mode = ("compiled: CE step and EMA as CUDA graphs (reduce-overhead); " +
+                ("the Sel-CL online network too" + recompute if args.sim_recompute else
+                 "the Sel-CL online network without graphs (its graph is back-propagated twice for "
+                 "the clipped L_SIM gradient)"))
     emit([
         f"# Pre-training step vs cross-entropy step ({info.get('gpu', info['device'])}, torch {info['torch']})",
         "",
         f"arch {args.arch}, batch {args.batch}, images {args.size}px, memory {tr.memory.size}, "
         f"{args.iters} timed iterations after 3 warm-up ones, "
-        f"{'eager' if args.eager or device.type != 'cuda' else 'compiled: CE step and EMA as CUDA graphs (reduce-overhead); ' + ('the Sel-CL online network too (L_SIM recomputed: SELCL_SIM_RECOMPUTE=1)' if args.sim_recompute else 'the Sel-CL online network without graphs (its graph is back-propagated twice for the clipped L_SIM gradient)')}"
-        f"{', L_SIM from its own forward (SELCL_SIM_RECOMPUTE=1)' if args.sim_recompute and (args.eager or device.type != 'cuda') else ''}",
+        f"{mode}",
         "",
         "| step | time (ms) |", "|---|---|",
         f"| Sel-CL pre-training step | {t_sel * 1e3:.1f} |",

@@ -77,6 +77,17 @@ def claim_gpu(count: int, lock_dir: str | os.PathLike | None = None, poll_s: flo
         time.sleep(poll_s)
 
 
+def env_flag(name: str, default: bool) -> bool:
+    """An on/off switch from the environment (SELCL_COMPILE, SELCL_CHANNELS_LAST,
+    SELCL_SIM_RECOMPUTE): unset → `default`; a switch that is on by default is turned off
+    by 0 / false / no, one that is off by default is turned on by 1 / true / yes."""
+    value = os.environ.get(name)
+    if value is None:
+        return default
+    value = value.lower()
+    return value not in ("0", "false", "no") if default else value in ("1", "true", "yes")
+
+
 def is_cuda(device: torch.device | str) -> bool:
     return torch.device(device).type == "cuda"
 
@@ -101,9 +112,7 @@ def memory_format(device: torch.device) -> torch.memory_format:
     cores). The layout changes float summation order, not the arithmetic: a run stays
     bit-reproducible on the same machine and thread count. SELCL_CHANNELS_LAST=0: the
     NCHW layout (to compare, e.g. `bench/step.py`; results before 2026-11-26 used it on CPU)."""
-    if os.environ.get("SELCL_CHANNELS_LAST", "1").lower() in ("0", "false", "no"):
-        return torch.contiguous_format
-    return torch.channels_last
+    return torch.channels_last if env_flag("SELCL_CHANNELS_LAST", True) else torch.contiguous_format
 
 
 def compiled(model: torch.nn.Module, cuda_graphs: bool = True) -> torch.nn.Module:
@@ -119,7 +128,7 @@ def compiled(model: torch.nn.Module, cuda_graphs: bool = True) -> torch.nn.Modul
     graph is back-propagated twice (Sel-CL's clipped L_SIM gradient uses retain_graph,
     which graph replay does not support)."""
     device = next(model.parameters()).device
-    if not is_cuda(device) or os.environ.get("SELCL_COMPILE", "1").lower() in ("0", "false", "no"):
+    if not is_cuda(device) or not env_flag("SELCL_COMPILE", True):
         return model
     if not cuda_graphs:
         # AOTAutograd donates saved buffers to the backward by default, which forbids a

@@ -28,7 +28,7 @@ from tqdm.auto import tqdm
 
 from . import augment, dist, losses
 from .checkpoint import Checkpointer
-from .device import autocast, compiled, is_cuda, knn_index_for, memory_format, synchronize
+from .device import autocast, compiled, env_flag, is_cuda, knn_index_for, memory_format, synchronize
 from .evaluate import embed, test_accuracy, weighted_knn_accuracy
 from .memory import KeyQueue, LabelledMemory
 from .models import EMA, bn_groups, build_model, frozen_bn_statistics, per_group_sync_bn
@@ -476,8 +476,7 @@ def sim_recompute_enabled() -> bool:
     retained graph (`Pretrainer.step`), so that the online network can replay as CUDA
     graphs. Off by default until measured on a GPU; one process only (under DDP an extra
     forward would confuse the reducer). Never changes a tracked param."""
-    import os
-    return os.environ.get("SELCL_SIM_RECOMPUTE", "0").lower() in ("1", "true", "yes") and dist.world_size() == 1
+    return env_flag("SELCL_SIM_RECOMPUTE", False) and dist.world_size() == 1
 
 
 def make_pretrainer(cfg: dict, num_classes: int, device, warm: dict | None = None,
@@ -491,12 +490,13 @@ def make_pretrainer(cfg: dict, num_classes: int, device, warm: dict | None = Non
     memory = LabelledMemory(pc["queue_per_class"] * num_classes * 2, cfg["model"]["proj_dim"],
                             num_classes, device)
     g, np_rng, order = _generators(cfg["model"]["seed"] * 1000 + 2, device)
+    recompute = sim_recompute_enabled()
     tr = Pretrainer(model, ema, sgd(model, pc), queue, memory, g, np_rng, pc,
                     # unused heads under DDP: the classifier in the Uns-CL warm-up or when off
                     net=training_forward(model, device, unused_heads=warm is None or not pc["classifier"],
-                                         cuda_graphs=not _clips_sim(pc) or sim_recompute_enabled()),
+                                         cuda_graphs=not _clips_sim(pc) or recompute),
                     ema_net=key_forward(ema), order=order, uns_temperature=cfg["warmup"]["temperature"],
-                    sim_recompute=sim_recompute_enabled())
+                    sim_recompute=recompute)
     if warm is not None:
         tr.load_state_dict(warm)          # random streams continue too: one run
         tr.ema.momentum = float(pc["ema"])

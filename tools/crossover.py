@@ -76,17 +76,14 @@ def queue(args, extra: list[str]) -> int:
     return 0
 
 
-def _experiments(name_prefix: str | None) -> dict[str, str]:
-    """experiment name → commit, over every baseline (refs/exps/<ab>/<cd…>/<name>): the
-    crossover's `<name_prefix>-x<scale>` ones, or every experiment (None)."""
+def _experiments() -> dict[str, str]:
+    """experiment name → commit, over every baseline (refs/exps/<ab>/<cd…>/<name>)."""
     out = subprocess.run(["git", "for-each-ref", "--format=%(refname) %(objectname)", "refs/exps"],
                          cwd=ROOT, capture_output=True, text=True, check=True).stdout
     found = {}
     for line in out.splitlines():
         ref, sha = line.split()
-        name = ref.rsplit("/", 1)[-1]
-        if name_prefix is None or name.startswith(name_prefix + "-x"):
-            found[name] = sha
+        found[ref.rsplit("/", 1)[-1]] = sha
     return found
 
 
@@ -151,13 +148,13 @@ def _source(r: dict) -> str:
 def collect(args) -> int:
     s = args.setting
     also = [item.partition("=")[::2] for item in args.also]   # other experiments of the setting
-    every = _experiments(None) if also else {}                 # (e.g. the shipped preset) at a given scale
+    every = _experiments()                                     # (e.g. the shipped preset) at a given scale
     for name, _ in also:
         if name not in every:
             print(f"error: --also {name}: no experiment of that name", file=sys.stderr)
             return 2
     rows = [_experiment_row(s, name, rev, float(name.rsplit("-x", 1)[1]), "DVC queue", args.histories)
-            for name, rev in _experiments(s).items()]
+            for name, rev in every.items() if name.startswith(s + "-x")]
     rows += [_experiment_row(s, name, every[name], float(scale), "DVC queue, " + name, args.histories)
              for name, scale in also]
     for path in args.extra:              # same setting run by bench/parity_runs.py (no DVC)
