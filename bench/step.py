@@ -65,7 +65,12 @@ def main() -> None:
     ap.add_argument("--sim-recompute", action="store_true",
                     help="SELCL_SIM_RECOMPUTE=1: L_SIM's gradient from its own forward, so that the online "
                          "network replays as CUDA graphs too (one extra forward of the mixed views)")
+    ap.add_argument("--one-call", action="store_true",
+                    help="SELCL_SPLIT_VIEWS=0: the views of a step in one concatenated call (the CUDA "
+                         "default) also on the CPU, where the default is one call per view")
     args = ap.parse_args()
+    if args.one_call:
+        os.environ["SELCL_SPLIT_VIEWS"] = "0"
 
     if args.sim_recompute:
         os.environ["SELCL_SIM_RECOMPUTE"] = "1"
@@ -113,7 +118,8 @@ def main() -> None:
     ratio = t_sel / t_ce
     recompute = ", L_SIM from its own forward (SELCL_SIM_RECOMPUTE=1)" if args.sim_recompute else ""
     if args.eager or device.type != "cuda":
-        mode = "eager" + recompute
+        mode = "eager" + recompute + (", views in one call per step" if args.one_call or device.type == "cuda"
+                                      else ", one call per view")
     else:
         mode = ("compiled: CE step and EMA as CUDA graphs (reduce-overhead); " +
                 ("the Sel-CL online network too" + recompute if args.sim_recompute else

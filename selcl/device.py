@@ -79,7 +79,7 @@ def claim_gpu(count: int, lock_dir: str | os.PathLike | None = None, poll_s: flo
 
 def env_flag(name: str, default: bool) -> bool:
     """An on/off switch from the environment (SELCL_COMPILE, SELCL_CHANNELS_LAST,
-    SELCL_SIM_RECOMPUTE): unset → `default`; a switch that is on by default is turned off
+    SELCL_SIM_RECOMPUTE, SELCL_SPLIT_VIEWS): unset → `default`; a switch that is on by default is turned off
     by 0 / false / no, one that is off by default is turned on by 1 / true / yes."""
     value = os.environ.get(name)
     if value is None:
@@ -113,6 +113,25 @@ def memory_format(device: torch.device) -> torch.memory_format:
     bit-reproducible on the same machine and thread count. SELCL_CHANNELS_LAST=0: the
     NCHW layout (to compare, e.g. `bench/step.py`; results before 2026-11-26 used it on CPU)."""
     return torch.channels_last if env_flag("SELCL_CHANNELS_LAST", True) else torch.contiguous_format
+
+
+def split_views(device: torch.device) -> bool:
+    """Whether the views of a Sel-CL step go through the network one call each (CPU) or
+    concatenated in one call with per-view BatchNorm (`models.bn_groups`; CUDA: fewer,
+    larger kernels). Both are exact (per-sample convolutions, per-view statistics); only
+    the float order of the weight-gradient sums differs. On the CPU a 64-row call keeps
+    its activations in cache where a 192-row one spills: a step of the CPU presets
+    0.255 → 0.220 s on 2 cores (bench/step.py --one-call compares). SELCL_SPLIT_VIEWS=0 / 1
+    forces one or the other."""
+    return env_flag("SELCL_SPLIT_VIEWS", not is_cuda(device))
+
+
+def eval_batch_size(device: torch.device) -> int:
+    """Rows per evaluation-mode forward (embedding, test accuracy): 1,024 on CUDA; 128 on
+    the CPU, where a 1,024-row batch's activations (67 MB in the first stage of the small
+    net) overflow the cache: embedding 3,000 test images 1.08 → 0.34 s on 2 cores, the
+    same bits (each row's arithmetic does not depend on the batch)."""
+    return 1024 if is_cuda(device) else 128
 
 
 def compiled(model: torch.nn.Module, cuda_graphs: bool = True) -> torch.nn.Module:

@@ -9,19 +9,21 @@ from __future__ import annotations
 import torch
 
 from . import augment
-from .device import autocast, knn_index_for, memory_format
+from .device import autocast, eval_batch_size, knn_index_for, memory_format
 from .knn import knn_search
 
 
 @torch.no_grad()
-def embed(model, x_uint8: torch.Tensor, mean, std, *, batch_size: int = 1024, crop=None):
+def embed(model, x_uint8: torch.Tensor, mean, std, *, batch_size: int | None = None, crop=None):
     """z (L2-normalised, float32) and logits of un-augmented images, eval mode.
 
     x_uint8: [N,3,H,W] uint8 on the model's device → (z [N,d], logits [N,C]).
-    crop: CenterCrop(crop) first (WebVision: 224 of the stored 256; None: whole image)."""
+    crop: CenterCrop(crop) first (WebVision: 224 of the stored 256; None: whole image).
+    batch_size: None → the device's (`device.eval_batch_size`)."""
     was_training = model.training
     model.eval()
     device = x_uint8.device
+    batch_size = batch_size or eval_batch_size(device)
     zs, logits = [], []
     for start in range(0, x_uint8.shape[0], batch_size):
         x = augment.eval_view(x_uint8[start:start + batch_size], mean, std, crop)

@@ -28,7 +28,8 @@ from tqdm.auto import tqdm
 
 from . import augment, dist, losses
 from .checkpoint import Checkpointer
-from .device import autocast, compiled, env_flag, is_cuda, knn_index_for, memory_format, synchronize
+from .device import (autocast, compiled, env_flag, is_cuda, knn_index_for, memory_format, split_views,
+                     synchronize)
 from .evaluate import embed, test_accuracy, weighted_knn_accuracy
 from .memory import KeyQueue, LabelledMemory
 from .models import EMA, bn_groups, build_model, frozen_bn_statistics, per_group_sync_bn
@@ -283,6 +284,7 @@ class Pretrainer:
     sim_recompute: bool = False     # L_SIM's gradient from its own forward (see `step`; SELCL_SIM_RECOMPUTE)
 
     def __post_init__(self):
+        self.split_views = split_views(next(self.model.parameters()).device)
         self.net = self.net if self.net is not None else self.model
         self.ema_net = self.ema_net if self.ema_net is not None else self.ema.model
         self.order = self.order if self.order is not None else self.g
@@ -296,18 +298,26 @@ class Pretrainer:
         return torch.ones((), device=device), torch.arange(B, device=device)
 
     def _online(self, parts: list):
-        """One online call (with gradient) on the concatenated `parts`, each part its own
-        BatchNorm batch, exactly as the authors' separate calls (models.bn_groups), while
-        the convolutions run once on the whole batch."""
-        with autocast(parts[0].device), bn_groups(self.model, len(parts)):
-            z, logits = self.net(torch.cat(parts) if len(parts) > 1 else parts[0])
-        return z.float(), logits.float()
+        """The online network (with gradient) on `parts`, each part its own BatchNorm
+        batch, exactly as the authors' separate calls. CUDA: one call on the concatenation
+        with per-part statistics (models.bn_groups), the convolutions run once on the
+        whole batch; CPU: one call per part (`device.split_views`: cache-sized calls)."""
+        return self._forward(self.net, self.model, parts)
 
     @torch.no_grad()
     def _ema(self, parts: list):
         """The same for the EMA network, without gradient (BatchNorm: batch statistics)."""
-        with autocast(parts[0].device), bn_groups(self.ema.model, len(parts)):
-            z, logits = self.ema_net(torch.cat(parts))
+        return self._forward(self.ema_net, self.ema.model, parts)
+
+    def _forward(self, net, model, parts: list):
+        device = parts[0].device
+        if len(parts) > 1 and self.split_views and dist.world_size() == 1:
+            with autocast(device):
+                outs = [net(p) for p in parts]
+            z, logits = torch.cat([o[0] for o in outs]), torch.cat([o[1] for o in outs])
+        else:
+            with autocast(device), bn_groups(model, len(parts)):
+                z, logits = net(torch.cat(parts) if len(parts) > 1 else parts[0])
         return z.float(), logits.float()
 
     def _remember(self, z_ema_mix: torch.Tensor, p_ema_mix: torch.Tensor, idx: torch.Tensor) -> None:

@@ -265,3 +265,19 @@ def test_training_forward_is_the_model_itself_on_cpu(monkeypatch):
     model = M.build_model("small", 10, width=8, blocks=(1,))
     assert compiled(model) is model
     assert training_forward(model, torch.device("cpu")) is model
+
+
+def test_embedding_does_not_depend_on_the_evaluation_batch():
+    """`evaluate.embed` runs in `device.eval_batch_size` rows per call (128 on the CPU,
+    1,024 on CUDA): eval-mode rows are independent, so any batch size gives the same
+    bits, and the default (CPU: 128) takes several calls for 300 images."""
+    from conftest import random_images_and_net
+    from selcl.device import eval_batch_size
+    from selcl.evaluate import embed
+    data, model, gen = random_images_and_net(N=300, C=3, H=12)
+    assert eval_batch_size(torch.device("cpu")) < 300
+    z_default, logits_default = embed(model, data.x, data.mean, data.std)
+    for bs in (7, 1024):
+        z, logits = embed(model, data.x, data.mean, data.std, batch_size=bs)
+        assert torch.equal(z, z_default) and torch.equal(logits, logits_default)
+    assert model.training        # the model's mode is restored

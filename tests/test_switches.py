@@ -145,3 +145,49 @@ def test_sim_recompute_is_not_a_no_op():
     _step(tr0, data0, rule0)
     diffs = [float((p - q).detach().abs().max()) for p, q in zip(tr.model.parameters(), tr0.model.parameters())]
     assert max(diffs) > 1e-7
+
+
+@pytest.mark.parametrize("recompute", [False, True])
+def test_split_views_takes_the_same_step(recompute):
+    """`device.split_views` (the CPU default: one network call per view) takes the step of
+    one concatenated call with per-view BatchNorm (the CUDA default): same parameters,
+    momentum, BatchNorm running statistics, queue, memory and losses up to float rounding
+    (only the order of the weight-gradient sums differs). The two paths really differ in
+    how they call the networks: one call for [v1, m1, m2] against three."""
+    runs = []
+    for split in (False, True):
+        tr, data, rule = _setup()
+        tr.split_views, tr.sim_recompute = split, recompute
+        calls = []
+        tr.net = lambda x, _m=tr.model, _c=calls: (_c.append(x.shape[0]), _m(x))[1]
+        out = _step(tr, data, rule)
+        runs.append((tr, out, calls))
+    (a, out_a, calls_a), (b, out_b, calls_b) = runs
+    assert max(calls_a) == 3 * B and max(calls_b) == B and sum(calls_a) == sum(calls_b)
+    for name, p in a.model.state_dict().items():          # weights and BN running statistics
+        torch.testing.assert_close(b.model.state_dict()[name], p, atol=1e-6, rtol=1e-5, msg=name)
+    for name, p in a.ema.model.state_dict().items():
+        torch.testing.assert_close(b.ema.model.state_dict()[name], p, atol=1e-6, rtol=1e-5, msg=name)
+    for pa, pb in zip(a.model.parameters(), b.model.parameters()):
+        torch.testing.assert_close(b.opt.state[pb]["momentum_buffer"], a.opt.state[pa]["momentum_buffer"],
+                                   atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(b.memory.feats, a.memory.feats, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(b.queue.keys, a.queue.keys, atol=1e-6, rtol=1e-5)
+    for k in ("l_sel", "l_sim", "l_cls", "loss"):
+        torch.testing.assert_close(out_b[k], out_a[k], atol=1e-6, rtol=1e-5)
+
+
+def test_split_views_without_per_view_statistics_would_differ(monkeypatch):
+    """The comparison above can fail: normalising the concatenated views with one set of
+    BatchNorm statistics (no `bn_groups`) gives another step."""
+    import selcl.train as train_mod
+    tr, data, rule = _setup()
+    tr.split_views = True
+    _step(tr, data, rule)
+    real = train_mod.bn_groups
+    monkeypatch.setattr(train_mod, "bn_groups", lambda model, groups: real(model, 1))
+    tr1, data1, rule1 = _setup()
+    tr1.split_views = False
+    _step(tr1, data1, rule1)
+    diffs = [float((p - q).detach().abs().max()) for p, q in zip(tr.model.parameters(), tr1.model.parameters())]
+    assert max(diffs) > 1e-4
