@@ -6,7 +6,12 @@ after its last epoch, and runs `selcl.selection.select` for every K × α asked 
 |T|, precision and recall of T, n_sel. Nothing is trained: this says whether the
 precision of T is limited by the encoder or by the selection's settings.
 
+--per-class: also, for the T the run itself ended with (pretrain.pt's `examples`, what
+fine-tuning trained on), |T| and the precision of T by given label, and the true classes
+of its wrong labels: which classes the encoder confuses.
+
     python bench/selection_sweep.py runs/cpu_cifar10_sym50 --k 10 25 50 100 --alpha 0.25 0.5
+    python bench/selection_sweep.py runs/cpu_cifar10_sym50 --k 25 --per-class
 """
 from __future__ import annotations
 
@@ -25,6 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--k", type=int, nargs="+", default=[10, 25, 50, 100])
     ap.add_argument("--alpha", type=float, nargs="+", default=None, help="default: the setting's α")
     ap.add_argument("--params", default=str(ROOT / "params.yaml"))
+    ap.add_argument("--per-class", action="store_true", help="the run's own final T class by class")
     args = ap.parse_args(argv)
     import torch
 
@@ -52,7 +58,30 @@ def main(argv: list[str] | None = None) -> int:
             st = sel.stats
             print(f"| {k} | {alpha:g} | {int(st['n_per_class'])} | {int(st['n_selected'])} | "
                   f"{st['precision_T']:.3f} | {st['recall_T']:.3f} |", flush=True)
+    if args.per_class:
+        from selcl.data import load_arrays
+        names = load_arrays(run / "data.npz").classes
+        print()
+        print(per_class_table(state["examples"], data.noisy, data.clean, names))
     return 0
+
+
+def per_class_table(examples, noisy, clean, names: list, top: int = 3) -> str:
+    """Markdown: for each given (noisy) label c, how many of T carry it, the fraction of
+    those whose true class is c, and the commonest true classes among the wrong ones."""
+    import torch
+    T = torch.as_tensor(examples, dtype=torch.bool)
+    noisy, clean = torch.as_tensor(noisy), torch.as_tensor(clean)
+    rows = ["| given label | \\|T\\| | precision | wrong labels: true class (count) |", "|---|---|---|---|"]
+    for c, name in enumerate(names):
+        mine = T & (noisy == c)
+        n = int(mine.sum())
+        wrong = torch.bincount(clean[mine & (clean != c)], minlength=len(names))
+        worst = [f"{names[t]} ({int(wrong[t])})" for t in wrong.argsort(descending=True, stable=True)[:top]
+                 if wrong[t] > 0]
+        prec = f"{float((clean[mine] == c).float().mean()):.3f}" if n else "–"
+        rows.append(f"| {name} | {n} | {prec} | {', '.join(worst) or '–'} |")
+    return "\n".join(rows)
 
 
 if __name__ == "__main__":

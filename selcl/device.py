@@ -79,8 +79,9 @@ def claim_gpu(count: int, lock_dir: str | os.PathLike | None = None, poll_s: flo
 
 def env_flag(name: str, default: bool) -> bool:
     """An on/off switch from the environment (SELCL_COMPILE, SELCL_CHANNELS_LAST,
-    SELCL_SIM_RECOMPUTE, SELCL_SPLIT_VIEWS): unset → `default`; a switch that is on by default is turned off
-    by 0 / false / no, one that is off by default is turned on by 1 / true / yes."""
+    SELCL_SIM_RECOMPUTE, SELCL_SPLIT_VIEWS): unset → `default`; a switch that is on by
+    default is turned off by 0 / false / no, one that is off by default is turned on by
+    1 / true / yes."""
     value = os.environ.get(name)
     if value is None:
         return default

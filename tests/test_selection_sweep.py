@@ -38,3 +38,16 @@ def test_sweep_rows_are_the_selection_of_the_saved_encoder(tmp_path, capsys):
                     seed=cfg["pretrain"]["epochs"], clean_labels=data.clean).stats
         cells = [c.strip() for c in row.strip("|").split("|")]
         assert int(cells[3]) == st["n_selected"] and float(cells[4]) == round(st["precision_T"], 3)
+
+
+def test_per_class_table_counts_by_given_label():
+    """Precision of T by given label, and the true classes of the wrong ones."""
+    from selection_sweep import per_class_table
+    #             T:      1  1  1  1  0  1  1
+    noisy = torch.tensor([0, 0, 0, 1, 1, 1, 2])
+    clean = torch.tensor([0, 0, 2, 1, 0, 2, 2])
+    T = torch.tensor([1, 1, 1, 1, 0, 1, 1], dtype=torch.bool)
+    rows = per_class_table(T, noisy, clean, ["a", "b", "c"]).splitlines()[2:]
+    assert rows[0] == "| a | 3 | 0.667 | c (1) |"
+    assert rows[1] == "| b | 2 | 0.500 | c (1) |"      # the unselected wrong one (true a) is not counted
+    assert rows[2] == "| c | 1 | 1.000 | – |"
