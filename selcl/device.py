@@ -121,8 +121,8 @@ def split_views(device: torch.device) -> bool:
     concatenated in one call with per-view BatchNorm (`models.bn_groups`; CUDA: fewer,
     larger kernels). Both are exact (per-sample convolutions, per-view statistics); only
     the float order of the weight-gradient sums differs. On the CPU a 64-row call keeps
-    its activations in cache where a 192-row one spills: a step of the CPU presets
-    0.255 → 0.220 s on 2 cores (bench/step.py --one-call compares). SELCL_SPLIT_VIEWS=0 / 1
+    its activations in cache where a 192-row one spills: a small-net step (batch 64)
+    0.27 → 0.23 s on 2 cores (bench/results/step_cpu_split.md). SELCL_SPLIT_VIEWS=0 / 1
     forces one or the other."""
     return env_flag("SELCL_SPLIT_VIEWS", not is_cuda(device))
 
