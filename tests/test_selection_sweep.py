@@ -26,10 +26,18 @@ def test_sweep_rows_are_the_selection_of_the_saved_encoder(tmp_path, capsys):
     noisy = make_noisy_labels(ds.y_train, 10, "sym", 0.4, 42)
     np.savez(run / "labels.npz", noisy=noisy, clean=ds.y_train, num_classes=10)
     model = make_model(cfg["model"], 10, torch.device("cpu"))
-    torch.save({"model": model.state_dict()}, run / "pretrain.pt")
+    T = torch.zeros(len(noisy), dtype=torch.bool)
+    T[::3] = True                                   # the run's own final T (pretrain.pt "examples")
+    torch.save({"model": model.state_dict(), "examples": T}, run / "pretrain.pt")
 
-    assert selection_sweep.main([str(run), "--k", "5", "40", "--alpha", "0.5"]) == 0
-    rows = [r for r in capsys.readouterr().out.splitlines() if r.startswith("| 5 ") or r.startswith("| 40 ")]
+    assert selection_sweep.main([str(run), "--k", "5", "40", "--alpha", "0.5", "--per-class"]) == 0
+    out = capsys.readouterr().out
+    rows = [r for r in out.splitlines() if r.startswith(("| 5 | 0.5 |", "| 40 | 0.5 |"))]
+    table = out.split("| given label |", 1)[1].splitlines()[2:]      # the --per-class table
+    assert len(table) == 10
+    for c, row in enumerate(table):                   # each class: its name and its part of T
+        cells = [x.strip() for x in row.strip("|").split("|")]
+        assert cells[0] == str(ds.classes[c]) and int(cells[1]) == int((T & (torch.as_tensor(noisy) == c)).sum())
     assert len(rows) == 2
     data = TrainData.load(run, torch.device("cpu"))
     z, _ = embed(model, data.x, data.mean, data.std)
