@@ -69,9 +69,9 @@ def main() -> None:
                     help="SELCL_SPLIT_VIEWS=0: the views of a step in one concatenated call (the CUDA "
                          "default) also on the CPU, where the default is one call per view")
     args = ap.parse_args()
+
     if args.one_call:
         os.environ["SELCL_SPLIT_VIEWS"] = "0"
-
     if args.sim_recompute:
         os.environ["SELCL_SIM_RECOMPUTE"] = "1"
     if args.eager:

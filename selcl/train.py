@@ -284,7 +284,9 @@ class Pretrainer:
     sim_recompute: bool = False     # L_SIM's gradient from its own forward (see `step`; SELCL_SIM_RECOMPUTE)
 
     def __post_init__(self):
-        self.split_views = split_views(next(self.model.parameters()).device)
+        # one call per view (CPU), decided once; under DDP the concatenated call, whose
+        # forwards the reducer expects
+        self.split_views = split_views(next(self.model.parameters()).device) and dist.world_size() == 1
         self.net = self.net if self.net is not None else self.model
         self.ema_net = self.ema_net if self.ema_net is not None else self.ema.model
         self.order = self.order if self.order is not None else self.g
@@ -311,7 +313,7 @@ class Pretrainer:
 
     def _forward(self, net, model, parts: list):
         device = parts[0].device
-        if len(parts) > 1 and self.split_views and dist.world_size() == 1:
+        if len(parts) > 1 and self.split_views:
             with autocast(device):
                 outs = [net(p) for p in parts]
             z, logits = torch.cat([o[0] for o in outs]), torch.cat([o[1] for o in outs])
