@@ -1,12 +1,20 @@
 #!/usr/bin/env bash
 # One GPU session's checks, as one script (the lent GPU's time is short):
-#   1. bench/step.py: the Sel-CL pre-training step against a plain CE step (also a quick
-#      check that the compiled CUDA path runs; if it fails, the rest runs eager);
+#   1. bench/step.py: the Sel-CL pre-training step against a plain CE step, twice: with the
+#      clipped L_SIM gradient from a retained graph (online network without CUDA graphs) and
+#      with L_SIM recomputed (SELCL_SIM_RECOMPUTE=1, CUDA graphs for the online network too).
+#      The faster one is used for step 2 (unless SELCL_SIM_RECOMPUTE is set already). Also a
+#      check that the compiled CUDA path runs; if it fails, the rest runs eager. Inductor's
+#      on-disk cache then also shortens step 2's compilation (same network, same shapes).
 #   2. bench/gpu_real.py: Sel-CL+ and CE on the full CIFAR-10 training set with 40 %
 #      asymmetric noise, shortened schedules, the two parts in parallel on the one GPU
-#      (CE twice: as many epochs as Sel-CL + Sel-CL+, and twice as many).
-#   bench/gpu_real.sh path/to/cifar10-jpeg.tar.gz [sel-cl epochs] [fine-tuning epochs] [out dir]
-# (GPU_REAL_ARGS="--subset 500 --arch small" for a quick smoke run on the CPU; SKIP_STEP=1 skips step 1;
+#      (CE for as many epochs as Sel-CL + Sel-CL+; CE_LONG=1: then for twice as many too).
+#   bench/gpu_real.sh path/to/cifar10-jpeg.tar.gz [sel-cl epochs|auto] [fine-tuning epochs|auto] [out dir]
+# "auto" epochs: as many as fit in what TIME_LIMIT leaves after step 1, from the faster step's
+# time (an epoch ≈ 1.5 × 390 steps, the ratio of the earlier H100 runs, + 15 % for the CE
+# process beside it), fine-tuning ≈ 15/40 of them (the issue's 40 + 15 shape).
+# (GPU_REAL_ARGS="--subset 500 --arch small" and STEP_ARGS="--arch small --batch 16" for a
+#  quick smoke run on the CPU; SKIP_STEP=1 skips step 1;
 #  TIME_LIMIT=seconds stops every part by then, keeping the per-epoch CSVs written so far,
 #  and the script still ends normally: use it instead of killing the script from outside.)
 set -uo pipefail
@@ -20,23 +28,37 @@ left() { local s=$(( deadline - $(date +%s) )); echo $(( s > 1 ? s : 1 )); }
 export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
 if [ -n "${SKIP_STEP:-}" ]; then :
-elif ! timeout 240 $py bench/step.py --iters 20 --out "$out/step.md" > "$out/step.log" 2>&1; then
+elif ! timeout 240 $py bench/step.py --iters 20 ${STEP_ARGS:-} --out "$out/step.md" > "$out/step.log" 2>&1; then
   tail -30 "$out/step.log"; echo "compiled step failed: SELCL_COMPILE=0 from here"; export SELCL_COMPILE=0
 fi
 cat "$out/step.md" 2>/dev/null
-# The same with L_SIM recomputed (SELCL_SIM_RECOMPUTE=1: every online graph back-propagated
-# once, so CUDA graphs for the online network too): the lever of bench/results/gpu_notes.md.
 if [ -z "${SKIP_STEP:-}" ]; then
-  timeout 240 $py bench/step.py --iters 20 --sim-recompute --out "$out/step_recompute.md" > "$out/step_recompute.log" 2>&1 \
-    || tail -30 "$out/step_recompute.log"
+  timeout 240 $py bench/step.py --iters 20 ${STEP_ARGS:-} --sim-recompute --out "$out/step_recompute.md" \
+    > "$out/step_recompute.log" 2>&1 || tail -30 "$out/step_recompute.log"
   cat "$out/step_recompute.md" 2>/dev/null
 fi
-# CE for the same number of epochs as Sel-CL + Sel-CL+, then for twice as many (has it
-# converged, or begun to memorise?), one after the other beside the Sel-CL part.
+ms() { awk -F'|' '/Sel-CL pre-training step/ {gsub(/ /, "", $3); print $3}' "$1" 2>/dev/null; }
+a=$(ms "$out/step.md"); b=$(ms "$out/step_recompute.md")
+if [ -z "${SELCL_SIM_RECOMPUTE:-}" ] && [ -n "$b" ] && { [ -z "$a" ] || awk "BEGIN {exit !($b < $a)}"; }; then
+  export SELCL_SIM_RECOMPUTE=1
+fi
+echo "step: retained graph ${a:-?} ms, recomputed ${b:-?} ms; SELCL_SIM_RECOMPUTE=${SELCL_SIM_RECOMPUTE:-0} from here"
+if [ "$P" = auto ]; then
+  if [ "${SELCL_SIM_RECOMPUTE:-0}" = 1 ]; then step=${b:-30}; else step=${a:-30}; fi
+  # fixed costs ≈ 170 s (data, warm-up and fine-tuning compilation, final evaluation);
+  # per Sel-CL epoch: training + 0.7 s selection/k-NN, plus 15/40 of a 2.5 s fine-tuning epoch
+  P=$(awk "BEGIN {e = 1.15 * (0.585 * $step + 0.7) + 0.94; p = int(($(left) - 170) / e);
+               print (p < 4 ? 4 : (p > 250 ? 250 : p))}")
+  [ "$F" = auto ] && F=$(( (P * 15 + 20) / 40 > 3 ? (P * 15 + 20) / 40 : 3 ))
+  echo "auto epochs (step $step ms, $(left) s left): Sel-CL $P (warm-up included), fine-tuning $F"
+fi
+[ "$F" = auto ] && F=$(( (P * 15 + 20) / 40 > 3 ? (P * 15 + 20) / 40 : 3 ))
+# CE for the same number of epochs as Sel-CL + Sel-CL+ beside the Sel-CL part; with CE_LONG=1
+# then for twice as many (has it converged, or begun to memorise?).
 ( timeout "$(left)" $py bench/gpu_real.py ${GPU_REAL_ARGS:-} --data "$data" --part ce --epochs "$P" --finetune-epochs "$F" --out "$out/ce.md" \
     > "$out/ce.log" 2>&1
-  timeout "$(left)" $py bench/gpu_real.py ${GPU_REAL_ARGS:-} --data "$data" --part ce --epochs "$P" --finetune-epochs "$F" --ce-epochs $((2 * (P + F))) \
-    --out "$out/ce_long.md" --workdir /tmp/selcl_gpu_real_long > "$out/ce_long.log" 2>&1 ) &
+  [ -z "${CE_LONG:-}" ] || timeout "$(left)" $py bench/gpu_real.py ${GPU_REAL_ARGS:-} --data "$data" --part ce --epochs "$P" --finetune-epochs "$F" \
+    --ce-epochs $((2 * (P + F))) --out "$out/ce_long.md" --workdir /tmp/selcl_gpu_real_long > "$out/ce_long.log" 2>&1 ) &
 ce=$!
 timeout "$(left)" $py bench/gpu_real.py ${GPU_REAL_ARGS:-} --data "$data" --part selcl --epochs "$P" --finetune-epochs "$F" --out "$out/selcl.md" \
   > "$out/selcl.log" 2>&1 || { echo "selcl part failed:"; tail -40 "$out/selcl.log"; }

@@ -371,7 +371,10 @@ class Pretrainer:
         # EMA: un-mixed v2 (the MoCo key), mixed view 1, mixed view 2 (no gradient; its own
         # BatchNorm statistics, so its place among the online calls changes nothing).
         zk, logits_k = self._ema([v2, m1, m2])
-        k, z_ema_mix, p_ema_mix = zk[:B], zk[B:], logits_k[B:].softmax(1)
+        # k is read after the L_SIM recompute pass, whose backward ends a CUDA-graph
+        # generation: the EMA graph's output buffer may then be reused (seen on an H200),
+        # so k gets memory of its own (B×d, nothing next to a step).
+        k, z_ema_mix, p_ema_mix = zk[:B].clone(), zk[B:], logits_k[B:].softmax(1)
         self._remember(z_ema_mix, p_ema_mix, idx)           # (3) the memory holds the current batch
         g_sim = None
         if use_sim and self.sim_recompute:
@@ -443,8 +446,10 @@ class Pretrainer:
         g = [torch.zeros_like(p) if gi is None else gi for p, gi in zip(self.params, g)]
         dist.average_(g)
         norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(gi) for gi in g]))
-        torch._foreach_mul_(g, torch.clamp(SIM_MAX_NORM / (norm + 1e-6), max=1.0))
-        return g
+        # Out of place: with the L_SIM recompute these gradients are outputs of a CUDA-graphed
+        # backward, whose memory the next graph generation (the main pass) reuses (seen on an
+        # H200); the scaled copies are ours. Same arithmetic as the in-place product.
+        return torch._foreach_mul(g, torch.clamp(SIM_MAX_NORM / (norm + 1e-6), max=1.0))
 
     def _apply(self, loss: torch.Tensor, g_sim: list | None = None) -> None:
         """One SGD step: the gradient of `loss` plus `g_sim` (L_SIM's clipped gradient,

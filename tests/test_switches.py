@@ -191,3 +191,73 @@ def test_split_views_without_per_view_statistics_would_differ(monkeypatch):
     _step(tr1, data1, rule1)
     diffs = [float((p - q).detach().abs().max()) for p, q in zip(tr.model.parameters(), tr1.model.parameters())]
     assert max(diffs) > 1e-4
+
+
+class GraphPool:
+    """A CPU stand-in for the CUDA-graph trees of `torch.compile(mode="reduce-overhead")`:
+    the outputs of graphed forwards and the gradients their backwards produce live in one
+    memory pool, and a forward called once every pending backward has run begins a new
+    generation that reuses that memory. Here the old generation is overwritten with NaN,
+    so a step that still reads any of it after the boundary goes wrong visibly."""
+
+    def __init__(self, model: torch.nn.Module):
+        self.live: list = []          # the current generation's tensors
+        self.ended = False            # a backward ran since the last graphed forward
+        for p in model.parameters():
+            p.register_hook(self._grad)
+
+    def _grad(self, g):
+        self.live.append(g)
+        self.ended = True
+        return g
+
+    def wrap(self, net):
+        def call(x):
+            if self.ended:            # a new generation: the pool's memory is reused
+                with torch.no_grad():
+                    for t in self.live:
+                        t.fill_(float("nan"))
+                self.live, self.ended = [], False
+            out = net(x)
+            self.live.extend(out)
+            return out
+        return call
+
+
+def _pooled_steps(monkeypatch=None, clipped=None):
+    tr, data, rule = _setup()
+    tr.split_views, tr.sim_recompute = False, True          # the CUDA path
+    if clipped is not None:
+        monkeypatch.setattr(Pretrainer, "_clipped_sim_grad", clipped)
+    pool = GraphPool(tr.model)
+    tr.net, tr.ema_net = pool.wrap(tr.model), pool.wrap(tr.ema.model)
+    _step(tr, data, rule)
+    return tr
+
+
+def test_sim_recompute_reads_nothing_of_an_ended_graph_generation():
+    """The L_SIM recompute lets the online network run as CUDA graphs, but its backward ends
+    a graph generation inside the step: what the step reads after that (the EMA key k, the
+    clipped L_SIM gradient) must be its own memory. Seen on an H200: reading either there
+    raised 'accessing tensor output of CUDAGraphs that has been overwritten'. With the
+    pool emulated, the step is exactly the step without it."""
+    ref, data, rule = _setup()
+    ref.split_views, ref.sim_recompute = False, True
+    _step(ref, data, rule)
+    tr = _pooled_steps()
+    for name, p in ref.model.state_dict().items():
+        assert torch.equal(tr.model.state_dict()[name], p), name
+    assert torch.equal(tr.queue.keys, ref.queue.keys) and torch.equal(tr.memory.feats, ref.memory.feats)
+
+
+def test_graph_pool_catches_a_gradient_left_in_the_pool(monkeypatch):
+    """The emulation can fail: scaling L_SIM's gradients in place (they stay in the pool, as
+    before the fix) lets the main pass's new generation overwrite them."""
+    def in_place(self, sim, retain):
+        g = torch.autograd.grad(sim, self.params, retain_graph=retain, allow_unused=True)
+        g = [torch.zeros_like(p) if gi is None else gi for p, gi in zip(self.params, g)]
+        norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(gi) for gi in g]))
+        torch._foreach_mul_(g, torch.clamp(0.25 / (norm + 1e-6), max=1.0))
+        return g
+    tr = _pooled_steps(monkeypatch, in_place)
+    assert not all(torch.isfinite(p).all() for p in tr.model.parameters())
