@@ -21,6 +21,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
+from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
 from selcl.config import load_params, resolve  # noqa: E402
 from selcl.device import knn_index_for, autocast, describe, get_device, synchronize  # noqa: E402
@@ -40,6 +41,25 @@ def fake_data(n: int, num_classes: int, size: int, device) -> TrainData:
                      num_classes=num_classes)
 
 
+def realistic_selection(data: TrainData, num_classes: int, dim: int, device, k: int = 250):
+    """The pair rule and T of a selection on embeddings that cluster by true class, as a
+    trained encoder's do: T then has a realistic size (most correctly labelled examples)
+    and every step runs its L_CLS batch. (Random embeddings gave an empty or tiny T, so
+    the step timed until 2026-11-27 mostly skipped L_CLS: two views' forward and
+    backward, a quarter of its arithmetic.)"""
+    n = data.noisy.shape[0]
+    zg = torch.Generator().manual_seed(1)
+    centres = F.normalize(torch.randn(num_classes, dim, generator=zg), dim=1)
+    z = F.normalize(centres[data.clean.cpu()] + 0.5 * torch.randn(n, dim, generator=zg), dim=1).to(device)
+    sel = select(z, data.noisy, num_classes, k=min(k, n - 1), alpha=0.5, beta=0.25,
+                 knn_index=knn_index_for(device))
+    rule = pair_rule(sel, data.noisy, data.clean, selected_sets="T_G1_G2")
+    T_idx = rule.examples.nonzero().squeeze(1)
+    if len(T_idx) == 0:
+        raise SystemExit("bench/step.py: the selection is empty, so the step would skip L_CLS")
+    return rule, T_idx
+
+
 def timed(fn, iters: int, device) -> float:
     for _ in range(3):                    # warm-up (cuDNN autotune, allocator, compilation)
         fn()
@@ -49,6 +69,13 @@ def timed(fn, iters: int, device) -> float:
         fn()
     synchronize(device)
     return (time.perf_counter() - t0) / iters
+
+
+def flops(fn) -> int:
+    """Floating-point operations of one call of `fn` (convolutions and matrix products)."""
+    with FlopCounterMode(display=False) as counter:
+        fn()
+    return counter.get_total_flops()
 
 
 def main() -> None:
@@ -86,11 +113,7 @@ def main() -> None:
 
     # Sel-CL step, with a full memory (read from epoch 4 on) and a real selection.
     tr = make_pretrainer(cfg, args.classes, device)      # its forwards: CUDA graphs on CUDA
-    z = F.normalize(torch.randn(args.n, cfg["model"]["proj_dim"], device=device), dim=1)
-    sel = select(z, data.noisy, args.classes, k=min(250, args.n - 1), alpha=0.5, beta=0.25,
-                 knn_index=knn_index_for(device))
-    rule = pair_rule(sel, data.noisy, data.clean, selected_sets="T_G1_G2")
-    T_idx = rule.examples.nonzero().squeeze(1)
+    rule, T_idx = realistic_selection(data, args.classes, cfg["model"]["proj_dim"], device)
     gen = torch.Generator(device=device).manual_seed(0)
     batch = lambda: torch.randperm(args.n, generator=gen, device=device)[:args.batch]  # noqa: E731  (distinct, as an epoch)
     while len(tr.memory.ids) < tr.memory.size:          # fill the memory as in steady state
@@ -114,6 +137,13 @@ def main() -> None:
     model.train()
     t_ce = timed(ce_step, args.iters, device)
 
+    # The work floor: floating-point operations of one step each (convolutions and matrix
+    # products, forward and backward, counted by torch's FlopCounterMode). Eager steps only:
+    # the counter does not see inside CUDA graphs.
+    work = None
+    if args.eager or device.type != "cuda":
+        work = (flops(lambda: tr.step(data, batch(), rule, T_idx, read_memory=True)), flops(ce_step))
+
     info = describe(device)
     ratio = t_sel / t_ce
     recompute = ", L_SIM from its own forward (SELCL_SIM_RECOMPUTE=1)" if args.sim_recompute else ""
@@ -129,13 +159,16 @@ def main() -> None:
         f"# Pre-training step vs cross-entropy step ({info.get('gpu', info['device'])}, torch {info['torch']})",
         "",
         f"arch {args.arch}, batch {args.batch}, images {args.size}px, memory {tr.memory.size}, "
-        f"{args.iters} timed iterations after 3 warm-up ones, "
+        f"{args.iters} timed iterations after 3 warm-up ones, |T| = {len(T_idx)} of {args.n} (the L_CLS batch "
+        f"drawn from it), "
         f"{mode}",
         "",
         "| step | time (ms) |", "|---|---|",
         f"| Sel-CL pre-training step | {t_sel * 1e3:.1f} |",
         f"| plain CE step | {t_ce * 1e3:.1f} |",
-        f"| **ratio** | **{ratio:.2f}×** (target ≤ 6.5×) |"], args.out)
+        f"| **ratio** | **{ratio:.2f}×** (target ≤ 6.5×) |"]
+        + ([f"| FLOPs per step, Sel-CL / CE (the work floor of the ratio) | {work[0] / 1e9:.2f} / "
+            f"{work[1] / 1e9:.2f} G = **{work[0] / work[1]:.2f}×** |"] if work else []), args.out)
 
 
 if __name__ == "__main__":

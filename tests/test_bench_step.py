@@ -1,0 +1,42 @@
+"""bench/step.py times the step training takes: with a selection of realistic size, so
+the L_CLS batch is part of it (random embeddings once gave an empty T, and the timed
+step silently skipped L_CLS)."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+import step as bench_step  # noqa: E402
+
+from selcl.config import load_params, resolve  # noqa: E402
+from selcl.train import make_pretrainer  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_the_timed_step_runs_every_part():
+    dev = torch.device("cpu")
+    data = bench_step.fake_data(1024, 10, 16, dev)
+    rule, T_idx = bench_step.realistic_selection(data, 10, 128, dev)
+    frac = len(T_idx) / 1024
+    assert 0.2 < frac < 0.9                                       # most clean examples, few noisy
+    assert (data.noisy[T_idx] == data.clean[T_idx]).float().mean() > 0.9
+    cfg = resolve(load_params(ROOT / "params.yaml"), "cifar10_sym20")
+    cfg["model"].update(arch="small", width=8, blocks=[1, 1, 1, 1])
+    cfg["pretrain"]["batch_size"] = 16
+    tr = make_pretrainer(cfg, 10, dev)
+    idx = torch.randperm(1024)[:16]
+    out = tr.step(data, idx, rule, T_idx, read_memory=True)
+    assert {"l_sel", "l_sim", "l_cls"} <= set(out)
+
+
+def test_random_embeddings_would_have_skipped_the_classifier_batch():
+    """Why the selection is built that way: on random embeddings T is (nearly) empty."""
+    dev = torch.device("cpu")
+    data = bench_step.fake_data(1024, 10, 16, dev)
+    z = torch.nn.functional.normalize(torch.randn(1024, 128, generator=torch.Generator().manual_seed(0)), dim=1)
+    sel = bench_step.select(z, data.noisy, 10, k=250, alpha=0.5, beta=0.25)
+    assert int(sel.examples.sum()) < 0.05 * 1024
