@@ -43,15 +43,18 @@ if [ -z "${SELCL_SIM_RECOMPUTE:-}" ] && [ -n "$b" ] && { [ -z "$a" ] || awk "BEG
   export SELCL_SIM_RECOMPUTE=1
 fi
 echo "step: retained graph ${a:-?} ms, recomputed ${b:-?} ms; SELCL_SIM_RECOMPUTE=${SELCL_SIM_RECOMPUTE:-0} from here"
-if [ "$P" = auto ]; then
-  if [ "${SELCL_SIM_RECOMPUTE:-0}" = 1 ]; then step=${b:-30}; else step=${a:-30}; fi
-  # fixed costs ≈ 170 s (data, warm-up and fine-tuning compilation, final evaluation);
-  # per Sel-CL epoch: training + 0.7 s selection/k-NN, plus 15/40 of a 2.5 s fine-tuning epoch
-  P=$(awk "BEGIN {e = 1.15 * (0.585 * $step + 0.7) + 0.94; p = int(($(left) - 170) / e);
+# "auto": as many epochs as fit in the time left, from the step time in ms ($1; without a
+# measurement 38 ms, the H200's of 2026-11-27, whose epochs took 22.5 s). Fixed costs
+# ≈ 170 s (data, warm-up and first-epoch compilation, fine-tuning, final evaluation); per
+# Sel-CL epoch: training + 0.7 s selection/k-NN, plus 15/40 of a 2.5 s fine-tuning epoch.
+size_epochs() {
+  P=$(awk "BEGIN {e = 1.15 * (0.585 * $1 + 0.7) + 0.94; p = int(($(left) - 170) / e);
                print (p < 4 ? 4 : (p > 250 ? 250 : p))}")
-  [ "$F" = auto ] && F=$(( (P * 15 + 20) / 40 > 3 ? (P * 15 + 20) / 40 : 3 ))
-  echo "auto epochs (step $step ms, $(left) s left): Sel-CL $P (warm-up included), fine-tuning $F"
-fi
+  F=$(( (P * 15 + 20) / 40 > 3 ? (P * 15 + 20) / 40 : 3 ))
+  echo "auto epochs (step $1 ms, $(left) s left): Sel-CL $P (warm-up included), fine-tuning $F"
+}
+if [ "${SELCL_SIM_RECOMPUTE:-0}" = 1 ]; then step=${b:-38}; else step=${a:-38}; fi
+auto=""; [ "$P" = auto ] && { auto=1; size_epochs "$step"; }
 [ "$F" = auto ] && F=$(( (P * 15 + 20) / 40 > 3 ? (P * 15 + 20) / 40 : 3 ))
 # CE for the same number of epochs as Sel-CL + Sel-CL+ beside the Sel-CL part; with CE_LONG=1
 # then for twice as many (has it converged, or begun to memorise?).
@@ -60,8 +63,17 @@ fi
   [ -z "${CE_LONG:-}" ] || timeout "$(left)" $py bench/gpu_real.py ${GPU_REAL_ARGS:-} --data "$data" --part ce --epochs "$P" --finetune-epochs "$F" \
     --ce-epochs $((2 * (P + F))) --out "$out/ce_long.md" --workdir /tmp/selcl_gpu_real_long > "$out/ce_long.log" 2>&1 ) &
 ce=$!
-timeout "$(left)" $py bench/gpu_real.py ${GPU_REAL_ARGS:-} --data "$data" --part selcl --epochs "$P" --finetune-epochs "$F" --out "$out/selcl.md" \
-  > "$out/selcl.log" 2>&1 || { echo "selcl part failed:"; tail -40 "$out/selcl.log"; }
+selcl() { timeout "$(left)" $py bench/gpu_real.py ${GPU_REAL_ARGS:-} --data "$data" --part selcl --epochs "$P" --finetune-epochs "$F" \
+    --out "$out/selcl.md" --workdir "$1" > "$out/selcl.log" 2>&1 || { echo "selcl part failed:"; tail -40 "$out/selcl.log"; return 1; }; }
+if ! selcl /tmp/selcl_gpu_real && [ "${SELCL_SIM_RECOMPUTE:-0}" = 1 ] && [ "$(left)" -gt 240 ]; then
+  # The L_SIM recompute is the newer CUDA path: if it fails, the time left goes to the
+  # default (retained graph). Its epochs are re-sized, so they may be fewer than CE's.
+  mv "$out/selcl.log" "$out/selcl_recompute_failed.log"
+  export SELCL_SIM_RECOMPUTE=0
+  echo "retrying the Sel-CL part with SELCL_SIM_RECOMPUTE=0"
+  [ -n "$auto" ] && size_epochs "${a:-38}"
+  selcl /tmp/selcl_gpu_real_retained || true
+fi
 wait $ce || { echo "ce part failed:"; tail -40 "$out/ce.log"; }
 tail -c 1500 "$out/selcl.log"
 cat "$out/selcl.md" "$out/ce.md" "$out/ce_long.md" 2>/dev/null
