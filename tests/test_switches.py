@@ -261,3 +261,22 @@ def test_graph_pool_catches_a_gradient_left_in_the_pool(monkeypatch):
         return g
     tr = _pooled_steps(monkeypatch, in_place)
     assert not all(torch.isfinite(p).all() for p in tr.model.parameters())
+
+
+def test_uns_cl_warmup_reads_nothing_of_an_ended_graph_generation():
+    """The same for the Uns-CL warm-up iteration, whose online network is graphed too when
+    the recompute is on: two steps with the pool emulated equal two without it."""
+    runs = []
+    for pooled in (False, True):
+        tr, data, _ = _setup()
+        tr.split_views, tr.sim_recompute = False, True
+        if pooled:
+            pool = GraphPool(tr.model)
+            tr.net, tr.ema_net = pool.wrap(tr.model), pool.wrap(tr.ema.model)
+        for idx in (torch.arange(B), torch.arange(B, 2 * B)):
+            tr.uns_step(data, idx)
+        runs.append(tr)
+    ref, tr = runs
+    for name, p in ref.model.state_dict().items():
+        assert torch.equal(tr.model.state_dict()[name], p), name
+    assert torch.equal(tr.queue.keys, ref.queue.keys) and torch.equal(tr.memory.feats, ref.memory.feats)
