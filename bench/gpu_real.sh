@@ -77,4 +77,4 @@ fi
 wait $ce || { echo "ce part failed:"; tail -40 "$out/ce.log"; }
 tail -c 1500 "$out/selcl.log"
 cat "$out/selcl.md" "$out/ce.md" "$out/ce_long.md" 2>/dev/null
-[ -f "$out/selcl.md" ] || { echo "no selcl.md (stopped early?): the last pre-training rows"; tail -3 "$out/selcl_pretrain.csv" 2>/dev/null; }
+[ -f "$out/selcl.md" ] || { echo "no selcl.md (stopped early?): the last pre-training rows"; tail -3 "$out/selcl_pretrain.csv" 2>/dev/null || true; }

@@ -1,0 +1,78 @@
+"""bench/gpu_real.sh, the one command a GPU lease runs, has control flow of its own: epochs
+sized to the time left, and a fallback from the L_SIM recompute path to the default one.
+A broken script costs a whole lease, so its flow is checked here with a stand-in Python
+that records how it was called (the training itself is tested elsewhere)."""
+from __future__ import annotations
+
+import os
+import re
+import stat
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+FAKE = """#!/usr/bin/env bash
+# stand-in for python: fails the Sel-CL part when told to, writes the --out file otherwise
+echo "$* RECOMPUTE=${SELCL_SIM_RECOMPUTE:-0}" >> "$CALLS"
+if [[ "$*" == *"--part selcl"* && "${SELCL_SIM_RECOMPUTE:-0}" == 1 && -n "$FAIL_RECOMPUTE" ]]; then exit 1; fi
+if [[ "$*" == *"--part selcl"* && -n "$FAIL_SELCL" ]]; then exit 1; fi
+out=$(echo "$*" | sed -n 's/.*--out \\([^ ]*\\).*/\\1/p')
+echo "done" > "$out"
+"""
+
+
+def run_script(tmp_path: Path, epochs=("auto", "auto"), **env) -> tuple[str, list[str]]:
+    fake = tmp_path / "python"
+    fake.write_text(FAKE)
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    calls = tmp_path / "calls.txt"
+    calls.write_text("")
+    e = {**os.environ, "PYTHON": str(fake), "CALLS": str(calls), "SKIP_STEP": "1", "TIME_LIMIT": "520", **env}
+    proc = subprocess.run(["bash", str(ROOT / "bench" / "gpu_real.sh"), "data.tar.gz", *epochs, str(tmp_path / "out")],
+                          env=e, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout, calls.read_text().splitlines()
+
+
+def _epochs(call: str) -> tuple[int, int]:
+    return int(re.search(r"--epochs (\d+)", call)[1]), int(re.search(r"--finetune-epochs (\d+)", call)[1])
+
+
+def test_auto_epochs_fit_the_time_left(tmp_path):
+    out, calls = run_script(tmp_path)
+    selcl = [c for c in calls if "--part selcl" in c]
+    ce = [c for c in calls if "--part ce" in c]
+    assert len(selcl) == 1 and len(ce) == 1
+    P, F = _epochs(selcl[0])
+    assert _epochs(ce[0]) == (P, F)                  # CE gets the same plan
+    # 38 ms steps (no measurement): ≈ 25 s per epoch with its share of fine-tuning, after
+    # ≈ 170 s of fixed costs, in 520 s
+    assert 10 <= P <= 16 and F == (P * 15 + 20) // 40
+    assert "auto epochs" in out
+
+
+def test_explicit_epochs_are_kept(tmp_path):
+    _, calls = run_script(tmp_path, epochs=("24", "9"))
+    assert all(_epochs(c) == (24, 9) for c in calls)
+
+
+def test_a_failing_recompute_path_falls_back_to_the_default(tmp_path):
+    out, calls = run_script(tmp_path, SELCL_SIM_RECOMPUTE="1", FAIL_RECOMPUTE="1")
+    selcl = [c for c in calls if "--part selcl" in c]
+    assert [c.endswith("RECOMPUTE=1") for c in selcl] == [True, False]
+    assert "/tmp/selcl_gpu_real_retained" in selcl[1]     # a fresh work folder
+    assert (tmp_path / "out" / "selcl_recompute_failed.log").exists()
+    assert (tmp_path / "out" / "selcl.md").exists()
+
+
+@pytest.mark.parametrize("recompute", ["0", "1"])
+def test_no_retry_without_a_recompute_failure(tmp_path, recompute):
+    """The default path failing is not retried, and a working recompute run is the only one."""
+    env = {"SELCL_SIM_RECOMPUTE": recompute}
+    if recompute == "0":
+        env["FAIL_SELCL"] = "1"
+    out, calls = run_script(tmp_path, **env)
+    assert len([c for c in calls if "--part selcl" in c]) == 1
+    assert ("selcl part failed" in out) == (recompute == "0")
