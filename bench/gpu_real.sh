@@ -47,15 +47,16 @@ echo "step: retained graph ${a:-?} ms, recomputed ${b:-?} ms; SELCL_SIM_RECOMPUT
 # measurement 38 ms, the H200's of 2026-11-27, whose epochs took 22.5 s). Fixed costs
 # ≈ 170 s (data, warm-up and first-epoch compilation, fine-tuning, final evaluation); per
 # Sel-CL epoch: training + 0.7 s selection/k-NN, plus 15/40 of a 2.5 s fine-tuning epoch.
+finetune_for_P() { F=$(( (P * 15 + 20) / 40 > 3 ? (P * 15 + 20) / 40 : 3 )); }   # ≈ 15/40 of P, at least 3
 size_epochs() {
   P=$(awk "BEGIN {e = 1.15 * (0.585 * $1 + 0.7) + 0.94; p = int(($(left) - 170) / e);
                print (p < 4 ? 4 : (p > 250 ? 250 : p))}")
-  F=$(( (P * 15 + 20) / 40 > 3 ? (P * 15 + 20) / 40 : 3 ))
+  finetune_for_P
   echo "auto epochs (step $1 ms, $(left) s left): Sel-CL $P (warm-up included), fine-tuning $F"
 }
 if [ "${SELCL_SIM_RECOMPUTE:-0}" = 1 ]; then step=${b:-38}; else step=${a:-38}; fi
 auto=""; [ "$P" = auto ] && { auto=1; size_epochs "$step"; }
-[ "$F" = auto ] && F=$(( (P * 15 + 20) / 40 > 3 ? (P * 15 + 20) / 40 : 3 ))
+[ "$F" = auto ] && finetune_for_P
 # CE for the same number of epochs as Sel-CL + Sel-CL+ beside the Sel-CL part; with CE_LONG=1
 # then for twice as many (has it converged, or begun to memorise?).
 ( timeout "$(left)" $py bench/gpu_real.py ${GPU_REAL_ARGS:-} --data "$data" --part ce --epochs "$P" --finetune-epochs "$F" --out "$out/ce.md" \

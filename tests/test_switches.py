@@ -12,7 +12,7 @@ from conftest import random_images_and_net
 from selcl import losses
 from selcl.memory import KeyQueue, LabelledMemory
 from selcl.models import EMA
-from selcl.train import Pretrainer
+from selcl.train import SIM_MAX_NORM, Pretrainer
 
 N, B, C, H = 24, 6, 3, 12
 BASE = {"mixup": True, "classifier": True, "lambda_cls": 1.0, "sim_loss": True, "lambda_sim": 0.01,
@@ -224,15 +224,21 @@ class GraphPool:
         return call
 
 
-def _pooled_steps(monkeypatch=None, clipped=None):
+def _cuda_path(pooled: bool):
+    """A pretrainer on the CUDA path (one call for the views, L_SIM recomputed), its two
+    networks behind an emulated graph pool when `pooled`."""
     tr, data, rule = _setup()
-    tr.split_views, tr.sim_recompute = False, True          # the CUDA path
-    if clipped is not None:
-        monkeypatch.setattr(Pretrainer, "_clipped_sim_grad", clipped)
-    pool = GraphPool(tr.model)
-    tr.net, tr.ema_net = pool.wrap(tr.model), pool.wrap(tr.ema.model)
-    _step(tr, data, rule)
-    return tr
+    tr.split_views, tr.sim_recompute = False, True
+    if pooled:
+        pool = GraphPool(tr.model)
+        tr.net, tr.ema_net = pool.wrap(tr.model), pool.wrap(tr.ema.model)
+    return tr, data, rule
+
+
+def _assert_same_state(a, b):
+    for name, p in a.model.state_dict().items():
+        assert torch.equal(b.model.state_dict()[name], p), name
+    assert torch.equal(b.queue.keys, a.queue.keys) and torch.equal(b.memory.feats, a.memory.feats)
 
 
 def test_sim_recompute_reads_nothing_of_an_ended_graph_generation():
@@ -241,13 +247,12 @@ def test_sim_recompute_reads_nothing_of_an_ended_graph_generation():
     clipped L_SIM gradient) must be its own memory. Seen on an H200: reading either there
     raised 'accessing tensor output of CUDAGraphs that has been overwritten'. With the
     pool emulated, the step is exactly the step without it."""
-    ref, data, rule = _setup()
-    ref.split_views, ref.sim_recompute = False, True
-    _step(ref, data, rule)
-    tr = _pooled_steps()
-    for name, p in ref.model.state_dict().items():
-        assert torch.equal(tr.model.state_dict()[name], p), name
-    assert torch.equal(tr.queue.keys, ref.queue.keys) and torch.equal(tr.memory.feats, ref.memory.feats)
+    runs = []
+    for pooled in (False, True):
+        tr, data, rule = _cuda_path(pooled)
+        _step(tr, data, rule)
+        runs.append(tr)
+    _assert_same_state(*runs)
 
 
 def test_graph_pool_catches_a_gradient_left_in_the_pool(monkeypatch):
@@ -257,9 +262,11 @@ def test_graph_pool_catches_a_gradient_left_in_the_pool(monkeypatch):
         g = torch.autograd.grad(sim, self.params, retain_graph=retain, allow_unused=True)
         g = [torch.zeros_like(p) if gi is None else gi for p, gi in zip(self.params, g)]
         norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(gi) for gi in g]))
-        torch._foreach_mul_(g, torch.clamp(0.25 / (norm + 1e-6), max=1.0))
+        torch._foreach_mul_(g, torch.clamp(SIM_MAX_NORM / (norm + 1e-6), max=1.0))
         return g
-    tr = _pooled_steps(monkeypatch, in_place)
+    monkeypatch.setattr(Pretrainer, "_clipped_sim_grad", in_place)
+    tr, data, rule = _cuda_path(pooled=True)
+    _step(tr, data, rule)
     assert not all(torch.isfinite(p).all() for p in tr.model.parameters())
 
 
@@ -268,15 +275,8 @@ def test_uns_cl_warmup_reads_nothing_of_an_ended_graph_generation():
     the recompute is on: two steps with the pool emulated equal two without it."""
     runs = []
     for pooled in (False, True):
-        tr, data, _ = _setup()
-        tr.split_views, tr.sim_recompute = False, True
-        if pooled:
-            pool = GraphPool(tr.model)
-            tr.net, tr.ema_net = pool.wrap(tr.model), pool.wrap(tr.ema.model)
+        tr, data, _ = _cuda_path(pooled)
         for idx in (torch.arange(B), torch.arange(B, 2 * B)):
             tr.uns_step(data, idx)
         runs.append(tr)
-    ref, tr = runs
-    for name, p in ref.model.state_dict().items():
-        assert torch.equal(tr.model.state_dict()[name], p), name
-    assert torch.equal(tr.queue.keys, ref.queue.keys) and torch.equal(tr.memory.feats, ref.memory.feats)
+    _assert_same_state(*runs)
