@@ -382,7 +382,9 @@ def _apply_strong_compiled():
     inductor fuses them into a handful of kernels. Compiles once per shape
     (tens of seconds), so it pays off for long runs only.
     """
-    return torch.compile(functools.partial(apply_strong, hue_subset=False))
+    # dynamic=False: 2B rows in the warm-up and pre-training, B in fine-tuning; by default
+    # the second size would recompile as a slower dynamic-shape graph (see device.compiled).
+    return torch.compile(functools.partial(apply_strong, hue_subset=False), dynamic=False)
 
 
 def strong_augment(x: torch.Tensor, generator: torch.Generator, mean: Sequence[float],

@@ -135,6 +135,11 @@ def eval_batch_size(device: torch.device) -> int:
     return 1024 if is_cuda(device) else 128
 
 
+def compiles(device: torch.device) -> bool:
+    """Whether the training forwards run under torch.compile: on CUDA, unless SELCL_COMPILE=0."""
+    return is_cuda(device) and env_flag("SELCL_COMPILE", True)
+
+
 def compiled(model: torch.nn.Module, cuda_graphs: bool = True) -> torch.nn.Module:
     """The callable for a model's *training* forward passes: on CUDA,
     torch.compile(mode="reduce-overhead"), so the forward and backward of each
@@ -142,20 +147,26 @@ def compiled(model: torch.nn.Module, cuda_graphs: bool = True) -> torch.nn.Modul
     The eager step is launch-bound (~1,000 small kernels per pre-training step);
     graphs cut it from 19.1 to 11.4 ms on an H200 (bench/step.py, bench/compile_check.py).
     Shares `model`'s parameters and state_dict; evaluation and other shapes call `model`
-    itself. Identity on the CPU and when SELCL_COMPILE=0; never changes a tracked param.
+    itself. Each (rows, BatchNorm groups, grad mode) gets its own static graph. Identity
+    on the CPU and when SELCL_COMPILE=0 (`compiles`); never changes a tracked param.
 
     cuda_graphs=False: Inductor's fused kernels ("default" mode) without CUDA graphs, for a network whose
     graph is back-propagated twice (Sel-CL's clipped L_SIM gradient uses retain_graph,
     which graph replay does not support)."""
-    device = next(model.parameters()).device
-    if not is_cuda(device) or not env_flag("SELCL_COMPILE", True):
+    if not compiles(next(model.parameters()).device):
         return model
     if not cuda_graphs:
         # AOTAutograd donates saved buffers to the backward by default, which forbids a
         # second backward through the same graph (retain_graph): turn that reuse off.
         import torch._functorch.config as functorch_config
         functorch_config.donated_buffer = False
-    return torch.compile(model, mode="reduce-overhead" if cuda_graphs else "default")
+    # dynamic=False: every call site has one fixed shape (batch × views, BatchNorm groups),
+    # but one process calls the network with B, 2B and 3B rows (warm-up, L_CLS, the main
+    # pass). By default Dynamo then recompiles every graph after the first as a
+    # dynamic-shape graph (symbolic batch size: slower kernels, longer compilation), and
+    # which graphs turn dynamic depends on call order (bench/step.py compiled static ones,
+    # the real loop dynamic ones; tests/test_compile.py). Static: one graph per call site.
+    return torch.compile(model, mode="reduce-overhead" if cuda_graphs else "default", dynamic=False)
 
 
 def synchronize(device: torch.device) -> None:

@@ -1,0 +1,103 @@
+"""The CUDA path's compiled graphs are static (`device.compiled`, `augment`'s compiled
+pipeline): one process calls the network with B, 2B and 3B rows and 1, 2 or 3 BatchNorm
+groups (Uns-CL warm-up, the main Sel-CL pass, the L_CLS batch, fine-tuning, the CE
+baseline). By default Dynamo recompiles after a second input size as a dynamic-shape graph
+(symbolic batch size): slower kernels, longer compilation, and which graphs turn dynamic
+depends on call order — the benchmark and the real loop compiled different graphs.
+
+Runs on the CPU: `device.compiles` is forced on and `torch.compile` records the graphs
+Dynamo hands to its backend (no Inductor, no GPU), which is where static or dynamic is
+decided."""
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import torch
+
+from selcl import augment, checkpoint, device
+from selcl.config import load_params, resolve
+from selcl.data import load_dataset
+from selcl.noise import make_noisy_labels
+from selcl.train import TrainData, baseline, finetune, pretrain, warmup
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def graphs(monkeypatch):
+    """Every graph compiled within the test: True where its inputs hold a symbolic size.
+    `force_dynamic`: the default (dynamic=None) whatever the caller asked, to show that
+    this check sees dynamic graphs where they arise."""
+    import torch._functorch.config as functorch_config   # set by device.compiled: restored here
+    donated = functorch_config.donated_buffer             # (monkeypatch's undo breaks a config module)
+    seen, real = [], torch.compile
+    opts = {"force_dynamic": False}
+
+    def record(gm, example_inputs):
+        seen.append(any(isinstance(n.meta.get("example_value"), torch.SymInt)
+                        for n in gm.graph.nodes if n.op == "placeholder"))
+        return gm.forward
+
+    def compile_recording(fn, mode=None, dynamic=None, **kw):
+        return real(fn, backend=record, dynamic=None if opts["force_dynamic"] else dynamic)
+
+    monkeypatch.setattr(torch, "compile", compile_recording)
+    torch._dynamo.reset()
+    augment._apply_strong_compiled.cache_clear()
+    yield seen, opts
+    functorch_config.donated_buffer = donated
+    torch._dynamo.reset()
+    augment._apply_strong_compiled.cache_clear()
+
+
+def _one_process(tmp_path, monkeypatch):
+    """Warm-up, pre-training (memory read, L_CLS on), fine-tuning and the CE baseline in one
+    process, as `bench/gpu_real.py`, on 256 digits, the CUDA path's one call per step."""
+    monkeypatch.setattr(device, "compiles", lambda d: True)
+    monkeypatch.setenv("SELCL_SPLIT_VIEWS", "0")
+    cfg = copy.deepcopy(resolve(load_params(ROOT / "params.yaml"), "demo_asym40"))
+    cfg["pretrain"].update(epochs=3, memory_start_epoch=2, lr_warmup_epochs=1, lr_decay_epochs=[])
+    cfg["finetune"].update(epochs=1, bootstrap_start=0, eval_last=1)
+    cfg["baseline"].update(epochs=1, lr_decay_epochs=[], eval_last=1)
+    ds = load_dataset("digits")
+    n = 256
+    noisy = make_noisy_labels(ds.y_train[:n], 10, "asym", 0.4, 1, dataset="digits")
+    arrays = {"x_train": ds.x_train[:n], "y_train": ds.y_train[:n], "x_test": ds.x_test[:64],
+              "y_test": ds.y_test[:64], "mean": ds.mean, "std": ds.std}
+    data = TrainData.build(arrays, {"noisy": noisy, "clean": ds.y_train[:n], "num_classes": 10},
+                           torch.device("cpu"))
+    ck = lambda name: checkpoint.Checkpointer(tmp_path / f"{name}.pt", name, 1000)  # noqa: E731
+    cpu = torch.device("cpu")
+    pre = pretrain(cfg, data, warmup(cfg, data, cpu, ck("warmup")), cpu, ck("pretrain"))
+    finetune(cfg, data, pre, cpu, ck("finetune"))
+    baseline(cfg, data, cpu, ck("baseline"))
+
+
+@pytest.mark.parametrize("recompute", ["0", "1"])
+def test_training_graphs_are_static(graphs, tmp_path, monkeypatch, recompute):
+    seen, _ = graphs
+    monkeypatch.setenv("SELCL_SIM_RECOMPUTE", recompute)
+    _one_process(tmp_path, monkeypatch)
+    # online B (warm-up, fine-tuning, CE), 3B (main pass), 2B (L_CLS, L_SIM recompute); EMA 3B
+    assert 4 <= len(seen) <= 6 and not any(seen), seen
+
+
+def test_the_check_sees_dynamic_graphs(graphs, tmp_path, monkeypatch):
+    """The same process with Dynamo's default: graphs after the first size turn dynamic."""
+    seen, opts = graphs
+    opts["force_dynamic"] = True
+    _one_process(tmp_path, monkeypatch)
+    assert sum(seen) >= 2, seen
+
+
+def test_augmentation_graphs_are_static(graphs):
+    """The compiled strong augmentation is called with 2B rows (two views) and B rows
+    (fine-tuning) in one process: one static graph each."""
+    seen, _ = graphs
+    x = torch.randint(0, 256, (8, 3, 32, 32), dtype=torch.uint8)
+    for rows in (8, 4, 8):
+        augment.strong_augment(x[:rows], torch.Generator().manual_seed(rows), (0.5,) * 3, (0.25,) * 3,
+                               compiled=True)
+    assert len(seen) == 2 and not any(seen), seen
