@@ -18,6 +18,7 @@ FAKE = """#!/usr/bin/env bash
 echo "$* RECOMPUTE=${SELCL_SIM_RECOMPUTE:-0}" >> "$CALLS"
 if [[ "$*" == *"--part selcl"* && "${SELCL_SIM_RECOMPUTE:-0}" == 1 && -n "$FAIL_RECOMPUTE" ]]; then exit 1; fi
 if [[ "$*" == *"--part selcl"* && -n "$FAIL_SELCL" ]]; then exit 1; fi
+if [[ "$*" == *"--sim-recompute"* && -n "$FAIL_RECOMPUTE_STEP" ]]; then exit 1; fi
 out=$(echo "$*" | sed -n 's/.*--out \\([^ ]*\\).*/\\1/p')
 echo "done" > "$out"
 """
@@ -76,3 +77,20 @@ def test_no_retry_without_a_recompute_failure(tmp_path, recompute):
     out, calls = run_script(tmp_path, **env)
     assert len([c for c in calls if "--part selcl" in c]) == 1
     assert ("selcl part failed" in out) == (recompute == "0")
+
+
+@pytest.mark.parametrize("want, steps", [("", ["", "--sim-recompute"]), ("0", [""]), ("1", ["--sim-recompute"])])
+def test_step_benchmarks_measure_the_path_asked_for(tmp_path, want, steps):
+    """Each step benchmark costs ~100 s of compilation on a fresh machine: with
+    SELCL_SIM_RECOMPUTE given only that path's step runs, without it both (the faster wins)."""
+    env = {"SKIP_STEP": ""} | ({"SELCL_SIM_RECOMPUTE": want} if want else {})
+    _, calls = run_script(tmp_path, **env)
+    step = [c for c in calls if "bench/step.py" in c]
+    assert [("--sim-recompute" if "--sim-recompute" in c else "") for c in step] == steps
+
+
+def test_a_crashed_recompute_step_switches_the_real_run_to_the_default(tmp_path):
+    out, calls = run_script(tmp_path, SKIP_STEP="", SELCL_SIM_RECOMPUTE="1", FAIL_RECOMPUTE_STEP="1")
+    selcl = [c for c in calls if "--part selcl" in c]
+    assert len(selcl) == 1 and selcl[0].endswith("RECOMPUTE=0")
+    assert "recompute step failed" in out
