@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # One GPU session's checks, as one script (the lent GPU's time is short):
-#   1. bench/step.py: the Sel-CL pre-training step against a plain CE step, twice: with the
-#      clipped L_SIM gradient from a retained graph (online network without CUDA graphs) and
-#      with L_SIM recomputed (SELCL_SIM_RECOMPUTE=1, CUDA graphs for the online network too).
-#      The faster one is used for step 2 (unless SELCL_SIM_RECOMPUTE is set already). Also a
-#      check that the compiled CUDA path runs; if it fails, the rest runs eager. Inductor's
-#      on-disk cache then also shortens step 2's compilation (same network, same shapes).
+#   1. bench/step.py: the Sel-CL pre-training step against a plain CE step, with the
+#      clipped L_SIM gradient from a retained graph (online network without CUDA graphs)
+#      and with L_SIM recomputed (SELCL_SIM_RECOMPUTE=1, CUDA graphs for the online network
+#      too). Both when SELCL_SIM_RECOMPUTE is unset (the faster is used for step 2), else
+#      only the path asked for. The default step is also the check that the compiled CUDA
+#      path runs; if it fails, the rest runs eager. Inductor's on-disk cache then also
+#      shortens step 2's compilation (the same static graphs).
 #   2. bench/gpu_real.py: Sel-CL+ and CE on the full CIFAR-10 training set with 40 %
 #      asymmetric noise, shortened schedules, the two parts in parallel on the one GPU
 #      (CE for as many epochs as Sel-CL + Sel-CL+; CE_LONG=1: then for twice as many too).
@@ -27,23 +28,40 @@ deadline=$(( $(date +%s) + ${TIME_LIMIT:-86400} ))
 left() { local s=$(( deadline - $(date +%s) )); echo $(( s > 1 ? s : 1 )); }
 export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
-# SELCL_SIM_RECOMPUTE given (0 or 1): only that path's step is measured (each costs ~100 s
-# of compilation on a fresh machine; its Inductor cache then serves step 2's pre-training).
-want="${SELCL_SIM_RECOMPUTE:-}"
-if [ -z "${SKIP_STEP:-}" ] && [ "$want" != 1 ]; then
+# SELCL_SIM_RECOMPUTE given (as selcl reads it: 1 / true / yes, or anything else for off):
+# only that path's step is measured (each costs ~100 s of compilation on a fresh machine; its
+# Inductor cache then serves step 2's pre-training). Unset: both, and the faster one wins.
+want=""
+if [ -n "${SELCL_SIM_RECOMPUTE+set}" ]; then
+  case "${SELCL_SIM_RECOMPUTE,,}" in 1|true|yes) want=1 ;; *) want=0 ;; esac
+  export SELCL_SIM_RECOMPUTE=$want
+fi
+rm -f "$out/step.md" "$out/step_recompute.md"     # never size epochs from an older run's step
+step_default() {   # also the check that the compiled CUDA path runs at all
   if ! timeout 240 $py bench/step.py --iters 20 ${STEP_ARGS:-} --out "$out/step.md" > "$out/step.log" 2>&1; then
     tail -30 "$out/step.log"; echo "compiled step failed: SELCL_COMPILE=0 from here"; export SELCL_COMPILE=0
   fi
   cat "$out/step.md" 2>/dev/null
-fi
-if [ -z "${SKIP_STEP:-}" ] && [ "$want" != 0 ]; then
-  if ! timeout 240 $py bench/step.py --iters 20 ${STEP_ARGS:-} --sim-recompute --out "$out/step_recompute.md" \
-      > "$out/step_recompute.log" 2>&1; then
-    tail -30 "$out/step_recompute.log"
-    # asked for, but its step crashed: the Sel-CL part would crash as well
-    [ "$want" = 1 ] && { echo "recompute step failed: SELCL_SIM_RECOMPUTE=0 from here"; export SELCL_SIM_RECOMPUTE=0; }
-  fi
+}
+step_recompute() {
+  timeout 240 $py bench/step.py --iters 20 ${STEP_ARGS:-} --sim-recompute --out "$out/step_recompute.md" \
+    > "$out/step_recompute.log" 2>&1
+  local rc=$?
+  [ $rc -eq 0 ] || tail -30 "$out/step_recompute.log"
   cat "$out/step_recompute.md" 2>/dev/null
+  return $rc
+}
+if [ -z "${SKIP_STEP:-}" ]; then
+  case "$want" in
+    1) step_recompute; rc=$?
+       # asked for, but its step crashed (124: only out of time): the Sel-CL part would crash
+       # as well, so the default path from here, with its step as the compile check
+       if [ $rc -ne 0 ] && [ $rc -ne 124 ]; then
+         echo "recompute step failed: SELCL_SIM_RECOMPUTE=0 from here"; export SELCL_SIM_RECOMPUTE=0; step_default
+       fi ;;
+    0) step_default ;;
+    *) step_default; step_recompute ;;
+  esac
 fi
 ms() { awk -F'|' '/Sel-CL pre-training step/ {gsub(/ /, "", $3); print $3}' "$1" 2>/dev/null; }
 a=$(ms "$out/step.md"); b=$(ms "$out/step_recompute.md")

@@ -88,7 +88,8 @@ def main() -> None:
     ap.add_argument("--size", type=int, default=32)
     ap.add_argument("--out", default=None, help="also write the table to this file")
     ap.add_argument("--eager", action="store_true",
-                    help="no CUDA graphs (SELCL_COMPILE=0): both steps call the plain modules")
+                    help="nothing compiled (SELCL_COMPILE=0): both steps call the plain modules, and the "
+                         "augmentation runs eager too (before 2026-11-27 it stayed compiled on CUDA)")
     ap.add_argument("--sim-recompute", action="store_true",
                     help="SELCL_SIM_RECOMPUTE=1: L_SIM's gradient from its own forward, so that the online "
                          "network replays as CUDA graphs too (one extra forward of the mixed views)")

@@ -28,7 +28,7 @@ from tqdm.auto import tqdm
 
 from . import augment, dist, losses
 from .checkpoint import Checkpointer
-from .device import (autocast, compiled, env_flag, is_cuda, knn_index_for, memory_format, split_views,
+from .device import (autocast, compiled, compiles, env_flag, is_cuda, knn_index_for, memory_format, split_views,
                      synchronize)
 from .evaluate import embed, test_accuracy, weighted_knn_accuracy
 from .memory import KeyQueue, LabelledMemory
@@ -151,7 +151,7 @@ def _views(x_uint8, g, data, strong: bool = True, n: int = 1):
     x = x_uint8.repeat(n, 1, 1, 1) if n > 1 else x_uint8
     if strong:
         v = augment.strong_augment(x, g, data.mean, data.std, data.crop, scale=data.crop_scale,
-                                   compiled=is_cuda(x.device))
+                                   compiled=compiles(x.device))   # SELCL_COMPILE=0: eager too
     else:
         v = augment.weak_augment(x, g, data.mean, data.std, crop=data.crop)
     v = v.contiguous(memory_format=memory_format(x.device))

@@ -101,3 +101,22 @@ def test_augmentation_graphs_are_static(graphs):
         augment.strong_augment(x[:rows], torch.Generator().manual_seed(rows), (0.5,) * 3, (0.25,) * 3,
                                compiled=True)
     assert len(seen) == 2 and not any(seen), seen
+
+
+def test_selcl_compile_0_turns_every_compiled_part_off(monkeypatch):
+    """SELCL_COMPILE=0 (gpu_real.sh's fallback when compilation fails) means eager everywhere:
+    the networks and the strong augmentation; on CUDA both compile by default."""
+    from selcl import train
+    monkeypatch.setattr(device, "is_cuda", lambda d: True)
+    asked = []
+    monkeypatch.setattr(augment, "strong_augment", lambda *a, compiled, **kw: asked.append(compiled) or a[0].float())
+    data = type("D", (), {"mean": (0.5,) * 3, "std": (0.25,) * 3, "crop": None, "crop_scale": (0.2, 1.0)})
+    x = torch.zeros(2, 3, 8, 8, dtype=torch.uint8)
+    for flag, expected in ((None, True), ("0", False)):
+        if flag is None:
+            monkeypatch.delenv("SELCL_COMPILE", raising=False)
+        else:
+            monkeypatch.setenv("SELCL_COMPILE", flag)
+        assert device.compiles(torch.device("cpu")) is expected
+        train._views(x, None, data)
+        assert asked[-1] is expected

@@ -18,7 +18,7 @@ FAKE = """#!/usr/bin/env bash
 echo "$* RECOMPUTE=${SELCL_SIM_RECOMPUTE:-0}" >> "$CALLS"
 if [[ "$*" == *"--part selcl"* && "${SELCL_SIM_RECOMPUTE:-0}" == 1 && -n "$FAIL_RECOMPUTE" ]]; then exit 1; fi
 if [[ "$*" == *"--part selcl"* && -n "$FAIL_SELCL" ]]; then exit 1; fi
-if [[ "$*" == *"--sim-recompute"* && -n "$FAIL_RECOMPUTE_STEP" ]]; then exit 1; fi
+if [[ "$*" == *"--sim-recompute"* && -n "$FAIL_RECOMPUTE_STEP" ]]; then exit "$FAIL_RECOMPUTE_STEP"; fi
 out=$(echo "$*" | sed -n 's/.*--out \\([^ ]*\\).*/\\1/p')
 echo "done" > "$out"
 """
@@ -30,7 +30,8 @@ def run_script(tmp_path: Path, epochs=("auto", "auto"), **env) -> tuple[str, lis
     fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
     calls = tmp_path / "calls.txt"
     calls.write_text("")
-    e = {**os.environ, "PYTHON": str(fake), "CALLS": str(calls), "SKIP_STEP": "1", "TIME_LIMIT": "520", **env}
+    base = {k: v for k, v in os.environ.items() if not k.startswith("SELCL_")}   # the caller's switches
+    e = {**base, "PYTHON": str(fake), "CALLS": str(calls), "SKIP_STEP": "1", "TIME_LIMIT": "520", **env}
     proc = subprocess.run(["bash", str(ROOT / "bench" / "gpu_real.sh"), "data.tar.gz", *epochs, str(tmp_path / "out")],
                           env=e, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
@@ -89,8 +90,28 @@ def test_step_benchmarks_measure_the_path_asked_for(tmp_path, want, steps):
     assert [("--sim-recompute" if "--sim-recompute" in c else "") for c in step] == steps
 
 
-def test_a_crashed_recompute_step_switches_the_real_run_to_the_default(tmp_path):
-    out, calls = run_script(tmp_path, SKIP_STEP="", SELCL_SIM_RECOMPUTE="1", FAIL_RECOMPUTE_STEP="1")
+@pytest.mark.parametrize("asked", ["1", "yes"])
+def test_a_crashed_recompute_step_switches_the_real_run_to_the_default(tmp_path, asked):
+    """...after the default path's step, which is also the check that compilation works."""
+    out, calls = run_script(tmp_path, SKIP_STEP="", SELCL_SIM_RECOMPUTE=asked, FAIL_RECOMPUTE_STEP="1")
+    step = [c for c in calls if "bench/step.py" in c]
+    assert ["--sim-recompute" in c for c in step] == [True, False] and step[1].endswith("RECOMPUTE=0")
     selcl = [c for c in calls if "--part selcl" in c]
     assert len(selcl) == 1 and selcl[0].endswith("RECOMPUTE=0")
     assert "recompute step failed" in out
+
+
+def test_a_recompute_step_out_of_time_is_no_crash(tmp_path):
+    """timeout's 124 (a slow cold compilation) does not switch the path."""
+    out, calls = run_script(tmp_path, SKIP_STEP="", SELCL_SIM_RECOMPUTE="1", FAIL_RECOMPUTE_STEP="124")
+    assert len([c for c in calls if "bench/step.py" in c]) == 1
+    assert [c for c in calls if "--part selcl" in c][0].endswith("RECOMPUTE=1")
+    assert "recompute step failed" not in out
+
+
+def test_no_stale_step_result_sizes_the_epochs(tmp_path):
+    """A step.md left in the output folder by an earlier run is not read when step 1 is skipped."""
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "step.md").write_text("| Sel-CL pre-training step | 5.0 | ms |\n")
+    out, _ = run_script(tmp_path)
+    assert "auto epochs (step 38 ms" in out
