@@ -36,6 +36,7 @@ from selcl.data import load_dataset  # noqa: E402
 from selcl.device import describe, get_device, synchronize  # noqa: E402
 from selcl.noise import make_noisy_labels  # noqa: E402
 from selcl.train import TrainData, baseline, finetune, pretrain, summarise, warmup  # noqa: E402
+from profile_steps import StepProfiler  # noqa: E402  (bench/profile_steps.py)
 from tables import emit  # noqa: E402  (bench/tables.py)
 
 
@@ -59,6 +60,9 @@ def main() -> None:
     ap.add_argument("--arch", default="preact_resnet18", help="'small' for a quick CPU smoke run")
     ap.add_argument("--workdir", default="/tmp/selcl_gpu_real")
     ap.add_argument("--out", required=True, help="markdown table; CSV histories go beside it")
+    ap.add_argument("--profile-steps", type=int, default=0,
+                    help="torch.profiler over this many Sel-CL steps from the 21st (at most) of the "
+                         "second pre-training epoch (bench/profile_steps.py; <out>_profile.txt)")
     args = ap.parse_args()
 
     device = get_device()
@@ -90,6 +94,10 @@ def main() -> None:
     info = describe(device)
     head = [f"# {args.setting} on {info.get('gpu', info['device'])} (torch {info['torch']}), "
             f"{len(ds.y_train)} training images, realised noise {realised:.3f}", ""]
+    if args.profile_steps and args.part == "selcl":
+        steps_per_epoch = len(ds.y_train) // cfg["pretrain"]["batch_size"]
+        StepProfiler(args.profile_steps, steps_per_epoch + min(20, steps_per_epoch // 4),
+                     out.with_name(out.stem + "_profile.txt"), device).install()
     t0 = time.perf_counter()
     # Histories are rewritten after every epoch, so a run stopped at the GPU's time limit
     # still leaves what it measured.

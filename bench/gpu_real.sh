@@ -16,6 +16,7 @@
 # process beside it), fine-tuning ≈ 15/40 of them (the 40 + 15 shape).
 # (GPU_REAL_ARGS="--subset 500 --arch small" and STEP_ARGS="--arch small --batch 16" for a
 #  quick smoke run on the CPU; SKIP_STEP=1 skips step 1;
+#  PROFILE_STEPS=N: torch.profiler over N Sel-CL steps of the second pre-training epoch;
 #  TIME_LIMIT=seconds stops every part by then, keeping the per-epoch CSVs written so far,
 #  and the script still ends normally: use it instead of killing the script from outside.)
 set -uo pipefail
@@ -91,7 +92,7 @@ auto=""; [ "$P" = auto ] && { auto=1; size_epochs "$step"; }
     --ce-epochs $((2 * (P + F))) --out "$out/ce_long.md" --workdir /tmp/selcl_gpu_real_long > "$out/ce_long.log" 2>&1 ) &
 ce=$!
 selcl() { timeout "$(left)" $py bench/gpu_real.py ${GPU_REAL_ARGS:-} --data "$data" --part selcl --epochs "$P" --finetune-epochs "$F" \
-    --out "$out/selcl.md" --workdir "$1" > "$out/selcl.log" 2>&1 || { echo "selcl part failed:"; tail -40 "$out/selcl.log"; return 1; }; }
+    --profile-steps "${PROFILE_STEPS:-0}" --out "$out/selcl.md" --workdir "$1" > "$out/selcl.log" 2>&1 || { echo "selcl part failed:"; tail -40 "$out/selcl.log"; return 1; }; }
 if ! selcl /tmp/selcl_gpu_real && [ "${SELCL_SIM_RECOMPUTE:-0}" = 1 ] && [ "$(left)" -gt 240 ]; then
   # The L_SIM recompute is the newer CUDA path: if it fails, the time left goes to the
   # default (retained graph). Its epochs are re-sized, so they may be fewer than CE's.

@@ -40,3 +40,29 @@ def test_random_embeddings_would_have_skipped_the_classifier_batch():
     z = torch.nn.functional.normalize(torch.randn(1024, 128, generator=torch.Generator().manual_seed(0)), dim=1)
     sel = bench_step.select(z, data.noisy, 10, k=250, alpha=0.5, beta=0.25)
     assert int(sel.examples.sum()) < 0.05 * 1024
+
+
+def test_step_profiler_records_only_the_steps_asked_for(tmp_path, monkeypatch):
+    """bench/gpu_real.py --profile-steps: n steps after `skip`, one text file with the wall
+    time per step and the profiler's op table; the other steps run without the profiler."""
+    import profile_steps
+    from selcl import train
+    monkeypatch.setattr(train.Pretrainer, "step", train.Pretrainer.step)     # restored afterwards
+    dev = torch.device("cpu")
+    data = bench_step.fake_data(256, 10, 16, dev)
+    rule, T_idx = bench_step.realistic_selection(data, 10, 128, dev, k=25)
+    cfg = resolve(load_params(ROOT / "params.yaml"), "cifar10_sym20")
+    cfg["model"].update(arch="small", width=8, blocks=[1, 1, 1, 1])
+    tr = make_pretrainer(cfg, 10, dev)
+    out = tmp_path / "selcl_profile.txt"
+    prof = profile_steps.StepProfiler(2, 1, out, dev)
+    prof.install()
+    active = []
+    for i in range(4):
+        tr.step(data, torch.arange(16 * i, 16 * i + 16), rule, T_idx, read_memory=True)
+        active.append(prof.prof is not None)
+        assert out.exists() == (i >= 2)
+    assert active == [False, True, False, False]          # started at step 2, stopped after step 3
+    text = out.read_text()
+    assert "Sel-CL steps 2-3" in text and "wall time per step" in text
+    assert "aten::convolution" in text                     # the op table

@@ -115,3 +115,8 @@ def test_no_stale_step_result_sizes_the_epochs(tmp_path):
     (tmp_path / "out" / "step.md").write_text("| Sel-CL pre-training step | 5.0 | ms |\n")
     out, _ = run_script(tmp_path)
     assert "auto epochs (step 38 ms" in out
+
+
+def test_profile_steps_reach_the_sel_cl_part_only(tmp_path):
+    _, calls = run_script(tmp_path, PROFILE_STEPS="10")
+    assert all(("--profile-steps 10" in c) == ("--part selcl" in c) for c in calls)
