@@ -55,7 +55,7 @@ class StepProfiler:
         cuda = self.device.type == "cuda"
         # kernel time on the device: the self device time of every op, summed (each kernel once)
         device_us = sum(getattr(e, "self_device_time_total", 0) for e in events) / self.n if cuda else float("nan")
-        sort = "self_cuda_time_total" if cuda else "self_cpu_time_total"
+        sort = "self_device_time_total" if cuda else "self_cpu_time_total"
         self.out.parent.mkdir(parents=True, exist_ok=True)
         self.out.write_text(
             f"Sel-CL steps {self.skip + 1}-{self.skip + self.n} of this process, under torch.profiler\n"
