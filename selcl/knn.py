@@ -11,10 +11,11 @@ Similarity is cosine = inner product of L2-normalised float32 vectors.
 * `knn_torch` — plain batched torch matmul + stable sort, kept as a cross-check.
 
 `exclude_self=True` means the queries ARE the keys, in the same order: we search
-k+1 and remove the query's own index from its row *by index* (the authors' code masks
-a fixed column instead, which is wrong when duplicate vectors put the self entry
-elsewhere); if the self entry is not among the k+1 (more than k exact duplicates of
-the query come before it), the last entry is dropped instead.
+k+1 and remove the query's own index from its row *by index* (the authors' selection
+masks column b of row b of each 100-row query chunk, which is the example itself only
+in the first chunk, so for the others it stays among its own neighbours); if the self
+entry is not among the k+1 (more than k exact duplicates of the query come before it),
+the last entry is dropped instead.
 
 Ties in similarity go to the lower key index (as a stable sort would): faiss keeps
 an arbitrary member of a tied group that straddles the k-th place, so the exact
