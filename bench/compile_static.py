@@ -37,11 +37,10 @@ MODES = ("dynamic", "static")
 
 def worker(args) -> dict:
     """One mode in this process: the cold compile of the warm-up step and the first Sel-CL
-    steps, then the median Sel-CL step."""
+    steps, then the mean Sel-CL step."""
     import selcl.device as device
-    from selcl.config import load_params, resolve
     from selcl.train import make_pretrainer
-    from step import fake_data, realistic_selection, timed
+    from step import bench_config, fake_data, realistic_selection, timed
 
     dev = device.get_device()
     if dev.type == "cpu":
@@ -51,11 +50,7 @@ def worker(args) -> dict:
         real = torch.compile
         torch.compile = lambda fn, dynamic=None, **kw: real(fn, **kw)
     os.environ["SELCL_SPLIT_VIEWS"] = "0"         # the CUDA path's one call per step
-    cfg = resolve(load_params(ROOT / "params.yaml"), "cifar10_sym20")
-    cfg["model"]["arch"] = args.arch
-    if args.arch == "small":
-        cfg["model"].update(width=16, blocks=[1, 1, 1, 1])
-    cfg["pretrain"]["batch_size"] = args.batch
+    cfg = bench_config(args.arch, args.batch)
     data = fake_data(args.n, 10, 32, dev)
     tr = make_pretrainer(cfg, 10, dev)
     rule, T_idx = realistic_selection(data, 10, cfg["model"]["proj_dim"], dev)

@@ -60,6 +60,17 @@ def realistic_selection(data: TrainData, num_classes: int, dim: int, device, k: 
     return rule, T_idx
 
 
+def bench_config(arch: str, batch: int) -> dict:
+    """The benchmarks' setting: cifar10_sym20 with `arch` ("small": width 16, one block per
+    stage, the CPU presets' network) and pre-training batch `batch`."""
+    cfg = resolve(load_params(ROOT / "params.yaml"), "cifar10_sym20")
+    cfg["model"]["arch"] = arch
+    if arch == "small":
+        cfg["model"].update(width=16, blocks=[1, 1, 1, 1])
+    cfg["pretrain"]["batch_size"] = batch
+    return cfg
+
+
 def timed(fn, iters: int, device) -> float:
     for _ in range(3):                    # warm-up (cuDNN autotune, allocator, compilation)
         fn()
@@ -105,11 +116,7 @@ def main() -> None:
     if args.eager:
         os.environ["SELCL_COMPILE"] = "0"
     device = get_device()
-    cfg = resolve(load_params(ROOT / "params.yaml"), "cifar10_sym20")
-    cfg["model"]["arch"] = args.arch
-    if args.arch == "small":
-        cfg["model"].update(width=16, blocks=[1, 1, 1, 1])
-    cfg["pretrain"]["batch_size"] = args.batch
+    cfg = bench_config(args.arch, args.batch)
     data = fake_data(args.n, args.classes, args.size, device)
 
     # Sel-CL step, with a full memory (read from epoch 4 on) and a real selection.

@@ -28,8 +28,8 @@ from tqdm.auto import tqdm
 
 from . import augment, dist, losses
 from .checkpoint import Checkpointer
-from .device import (autocast, compiled, compiles, env_flag, is_cuda, knn_index_for, memory_format, split_views,
-                     synchronize)
+from .device import (autocast, compiled, compiles, env_flag, is_cuda, knn_index_for, memory_format,
+                     split_views, synchronize)
 from .evaluate import embed, test_accuracy, weighted_knn_accuracy
 from .memory import KeyQueue, LabelledMemory
 from .models import EMA, bn_groups, build_model, frozen_bn_statistics, per_group_sync_bn

@@ -143,6 +143,23 @@ def copy_upstream(src: Path, dst: Path) -> None:
     shutil.copytree(Path(src) / "runs", Path(dst) / "runs", dirs_exist_ok=True)
 
 
+def digits_data(noise: dict, n: int | None = None, n_test: int | None = None):
+    """scikit-learn's digits as the loops' TrainData on the CPU: the first `n` training and
+    `n_test` test images (None: all), labels noised by `noise` (a setting's noise section:
+    kind, rate, seed) over those n."""
+    import torch
+
+    from selcl.data import load_dataset
+    from selcl.noise import make_noisy_labels
+    from selcl.train import TrainData
+    ds = load_dataset("digits")
+    y = ds.y_train[:n]
+    noisy = make_noisy_labels(y, 10, noise["kind"], noise["rate"], noise["seed"], dataset="digits")
+    arrays = {"x_train": ds.x_train[:n], "y_train": y, "x_test": ds.x_test[:n_test], "y_test": ds.y_test[:n_test],
+              "mean": ds.mean, "std": ds.std}
+    return TrainData.build(arrays, {"noisy": noisy, "clean": y, "num_classes": 10}, torch.device("cpu"))
+
+
 def random_images_and_net(N: int = 24, C: int = 3, H: int = 12, seed: int = 1):
     """(TrainData of N random uint8 images with random labels, a width-4 one-block network
     with 8-d embeddings, the generator the data came from): one pre-training step in

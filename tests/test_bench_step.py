@@ -11,10 +11,14 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 import step as bench_step  # noqa: E402
 
-from selcl.config import load_params, resolve  # noqa: E402
 from selcl.train import make_pretrainer  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
+
+
+def _tiny_pretrainer(dev):
+    cfg = bench_step.bench_config("small", 16)
+    cfg["model"]["width"] = 8                  # half the CPU presets' width: a faster test
+    return make_pretrainer(cfg, 10, dev)
 
 
 def test_the_timed_step_runs_every_part():
@@ -24,10 +28,7 @@ def test_the_timed_step_runs_every_part():
     frac = len(T_idx) / 1024
     assert 0.2 < frac < 0.9                                       # most clean examples, few noisy
     assert (data.noisy[T_idx] == data.clean[T_idx]).float().mean() > 0.9
-    cfg = resolve(load_params(ROOT / "params.yaml"), "cifar10_sym20")
-    cfg["model"].update(arch="small", width=8, blocks=[1, 1, 1, 1])
-    cfg["pretrain"]["batch_size"] = 16
-    tr = make_pretrainer(cfg, 10, dev)
+    tr = _tiny_pretrainer(dev)
     idx = torch.randperm(1024)[:16]
     out = tr.step(data, idx, rule, T_idx, read_memory=True)
     assert {"l_sel", "l_sim", "l_cls"} <= set(out)
@@ -51,9 +52,7 @@ def test_step_profiler_records_only_the_steps_asked_for(tmp_path, monkeypatch):
     dev = torch.device("cpu")
     data = bench_step.fake_data(256, 10, 16, dev)
     rule, T_idx = bench_step.realistic_selection(data, 10, 128, dev, k=25)
-    cfg = resolve(load_params(ROOT / "params.yaml"), "cifar10_sym20")
-    cfg["model"].update(arch="small", width=8, blocks=[1, 1, 1, 1])
-    tr = make_pretrainer(cfg, 10, dev)
+    tr = _tiny_pretrainer(dev)
     out = tmp_path / "selcl_profile.txt"
     prof = profile_steps.StepProfiler(2, 1, out, dev)
     prof.install()

@@ -17,10 +17,9 @@ import pytest
 import torch
 
 from selcl import augment, checkpoint, device
+from conftest import digits_data
 from selcl.config import load_params, resolve
-from selcl.data import load_dataset
-from selcl.noise import make_noisy_labels
-from selcl.train import TrainData, baseline, finetune, pretrain, warmup
+from selcl.train import baseline, finetune, pretrain, warmup
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -61,13 +60,7 @@ def _one_process(tmp_path, monkeypatch):
     cfg["pretrain"].update(epochs=3, memory_start_epoch=2, lr_warmup_epochs=1, lr_decay_epochs=[])
     cfg["finetune"].update(epochs=1, bootstrap_start=0, eval_last=1)
     cfg["baseline"].update(epochs=1, lr_decay_epochs=[], eval_last=1)
-    ds = load_dataset("digits")
-    n = 256
-    noisy = make_noisy_labels(ds.y_train[:n], 10, "asym", 0.4, 1, dataset="digits")
-    arrays = {"x_train": ds.x_train[:n], "y_train": ds.y_train[:n], "x_test": ds.x_test[:64],
-              "y_test": ds.y_test[:64], "mean": ds.mean, "std": ds.std}
-    data = TrainData.build(arrays, {"noisy": noisy, "clean": ds.y_train[:n], "num_classes": 10},
-                           torch.device("cpu"))
+    data = digits_data({"kind": "asym", "rate": 0.4, "seed": 1}, n=256, n_test=64)
     ck = lambda name: checkpoint.Checkpointer(tmp_path / f"{name}.pt", name, 1000)  # noqa: E731
     cpu = torch.device("cpu")
     pre = pretrain(cfg, data, warmup(cfg, data, cpu, ck("warmup")), cpu, ck("pretrain"))

@@ -18,11 +18,10 @@ import numpy as np
 import pytest
 import torch
 
+from conftest import digits_data
 from selcl import checkpoint
 from selcl.config import load_params, resolve
-from selcl.data import load_dataset
-from selcl.noise import make_noisy_labels
-from selcl.train import TrainData, baseline, finetune, pretrain, summarise, warmup
+from selcl.train import baseline, finetune, pretrain, summarise, warmup
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
@@ -34,20 +33,14 @@ def trained(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("method")
     # exactly the demo's setting, so this is also the demo's acceptance on the CPU
     cfg = copy.deepcopy(resolve(load_params(ROOT / "params.yaml"), "demo_asym40"))
-    ds = load_dataset("digits")
-    nc = cfg["noise"]
-    noisy = make_noisy_labels(ds.y_train, 10, nc["kind"], nc["rate"], nc["seed"], dataset="digits")
-    arrays = {"x_train": ds.x_train, "y_train": ds.y_train, "x_test": ds.x_test, "y_test": ds.y_test,
-              "mean": ds.mean, "std": ds.std}
-    data = TrainData.build(arrays, {"noisy": noisy, "clean": ds.y_train, "num_classes": 10},
-                           torch.device("cpu"))
+    data = digits_data(cfg["noise"])
     ck = lambda name: checkpoint.Checkpointer(tmp / f"{name}.pt", name, 1000)  # noqa: E731
     dev = torch.device("cpu")
     warm = warmup(cfg, data, dev, ck("warmup"))
     pre = pretrain(cfg, data, warm, dev, ck("pretrain"))
     ft = finetune(cfg, data, pre, dev, ck("finetune"))
     ce = baseline(cfg, data, dev, ck("baseline"))
-    return {"label_acc": float((noisy == ds.y_train).mean()), "pre": pre,
+    return {"label_acc": float((data.noisy == data.clean).double().mean()), "pre": pre,
             "selcl_plus": summarise(ft["history"], cfg["finetune"]["eval_last"]),
             "ce": summarise(ce["history"], cfg["baseline"]["eval_last"]), "epochs": cfg["pretrain"]["epochs"],
             "first": cfg["warmup"]["epochs"] + 1}
