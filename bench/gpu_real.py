@@ -34,7 +34,7 @@ from selcl import checkpoint  # noqa: E402
 from selcl.config import load_params, resolve  # noqa: E402
 from selcl.data import load_dataset  # noqa: E402
 from selcl.device import describe, get_device, synchronize  # noqa: E402
-from selcl.noise import make_noisy_labels  # noqa: E402
+from selcl.noise import make_noisy_labels, resolve_generator  # noqa: E402
 from selcl.train import TrainData, baseline, finetune, pretrain, summarise, warmup  # noqa: E402
 from profile_steps import StepProfiler  # noqa: E402  (bench/profile_steps.py)
 from tables import emit  # noqa: E402  (bench/tables.py)
@@ -71,7 +71,8 @@ def main() -> None:
     ds = load_dataset("imagefolder", path=args.data, subset=args.subset)
     nc = cfg["noise"]
     noisy = make_noisy_labels(ds.y_train, len(ds.classes), nc["kind"], nc["rate"], nc["seed"], dataset="cifar10",
-                              include_true_class=nc["include_true_class"])
+                              include_true_class=nc["include_true_class"],
+                              generator=resolve_generator(nc["generator"], "imagefolder"))
     realised = float(np.mean(noisy != ds.y_train))
     data = TrainData.build({"x_train": ds.x_train, "y_train": ds.y_train, "x_test": ds.x_test,
                             "y_test": ds.y_test, "mean": ds.mean, "std": ds.std},

@@ -52,9 +52,14 @@ def main() -> None:
           if d["dataset"] == "imagefolder" else {})
     ds = load_dataset(d["dataset"], **kw)
     C = len(ds.classes)
+    try:                      # as the stage; an older checkout has one generator and no key
+        from selcl.noise import resolve_generator
+        gen = {"generator": resolve_generator(nc.get("generator", "auto"), d["dataset"])}
+    except ImportError:
+        gen = {}
     noisy = make_noisy_labels(ds.y_train, C, nc["kind"], nc["rate"], nc["seed"],
                               dataset=nc["asym_map"] if nc["asym_map"] != "auto" else d["dataset"],  # as the stage
-                              include_true_class=nc["include_true_class"])
+                              include_true_class=nc["include_true_class"], **gen)
     data = TrainData.build({"x_train": ds.x_train, "y_train": ds.y_train, "x_test": ds.x_test, "y_test": ds.y_test,
                             "mean": ds.mean, "std": ds.std},
                            {"noisy": noisy, "clean": ds.y_train, "num_classes": C}, torch.device("cpu"))

@@ -74,6 +74,7 @@ SCHEMA: dict[str, dict[str, tuple]] = {
         "kind": (str, _choice("none", "sym", "asym", "file")), "rate": (float, _unit),
         "seed": (int, _nonneg), "include_true_class": (bool, None),
         "asym_map": (str, _choice("auto", "cifar10", "cifar100", "cyclic")),
+        "generator": (str, _choice("auto", "authors", "pcg64")),
         "file": (OPT_STR, None), "file_key": (OPT_STR, None),
     },
     "model": {

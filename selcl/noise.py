@@ -13,10 +13,20 @@ Kinds (`make_noisy_labels(clean, C, kind, rate, seed, ...)`):
 * ``file``  one label per training example, in dataset order (see selcl.data), read
             from .npy / .npz / .csv / .txt / .pt / .pth (e.g. CIFAR-10N / CIFAR-100N).
 
-Reproducibility: all randomness comes from ``np.random.default_rng(seed)`` (PCG64 +
-numpy's documented permutation / integers / random algorithms), so the same
-(clean, C, kind, rate, seed) gives bit-identical labels on any machine and OS; a
-test pins a sha256 of one case so any change of RNG usage is caught.
+Generators (``noise.generator``; ``auto`` picks ``authors`` for torchvision's CIFAR-10 /
+CIFAR-100, ``pcg64`` for everything else):
+
+* ``authors``  numpy's legacy generator (``RandomState``, MT19937) drawn exactly as the
+               authors' `random_in_noise` / `real_in_noise` draw it (see `_authors_noise`):
+               for CIFAR in torchvision's order these are the noisy labels of the paper's
+               runs, bit for bit. numpy freezes the legacy streams, so they stay so.
+* ``pcg64``    ``np.random.default_rng(seed)`` (PCG64 + numpy's documented permutation /
+               integers / random algorithms): the project's own draws, used by the demo
+               and the CPU presets; a test pins a sha256 of one case so any change of RNG
+               usage is caught.
+
+Either way the same (clean, C, kind, rate, seed, generator) gives bit-identical labels on
+any machine and OS.
 """
 from __future__ import annotations
 
@@ -26,6 +36,7 @@ from pathlib import Path
 import numpy as np
 
 NOISE_KINDS = ("none", "sym", "asym", "file")
+GENERATORS = ("auto", "authors", "pcg64")
 
 
 from .errors import NoiseError  # noqa: F401 - raised here, defined with the other stage errors
@@ -99,6 +110,62 @@ def symmetric_noise_indices(n: int, rate: float, seed: int) -> np.ndarray:
     return rng.permutation(int(n))[:floor_count(rate, n)]
 
 
+def resolve_generator(generator: str, dataset: str) -> str:
+    """`noise.generator` → 'authors' or 'pcg64'. auto: 'authors' for the torchvision CIFAR
+    datasets (the authors' example order, so their draws give their labels), 'pcg64' for the
+    rest (digits, image folders: another order, where copying the authors' draws buys
+    nothing, and every number this project has recorded on them)."""
+    if generator not in GENERATORS:
+        raise NoiseError(f"unknown noise generator {generator!r}; valid: {', '.join(GENERATORS)}")
+    if generator != "auto":
+        return generator
+    return "authors" if _norm_name(dataset) in ("cifar10", "cifar100") else "pcg64"
+
+
+def _authors_noise(y: np.ndarray, C: int, kind: str, r: float, seed: int, t: np.ndarray,
+                   include_true_class: bool) -> np.ndarray:
+    """Noisy labels with the authors' draws (public repository ShikunLi/Sel-CL,
+    CIFAR/dataset/cifar_dataset.py): numpy's global legacy generator seeded with the
+    dataset seed, one permutation of all N examples, then, in permutation order,
+
+      sym   the first int(N·r) examples (int(): the authors' truncation, not `floor_count`)
+            each get one int32 draw `randint(C)` — the true class included. Without it
+            (`include_true_class=False`, their commented-out alternative) the draw is
+            repeated while it equals the true class.
+      asym  every example, whatever its class, takes one `choice(C, p=P[y])`, P the
+            transition matrix (P[c,c] = 1 − r, P[c,t(c)] = r for a source class c, else
+            P[c,c] = 1): one uniform u, label = #{k : cdf_c[k] ≤ u} with
+            cdf_c = cumsum(P[c]) / its last entry — numpy's own reading of `choice`.
+
+    Vectorised; `tests/test_noise.py` checks it against the one-draw-at-a-time loop."""
+    N = len(y)
+    rs = np.random.RandomState(seed)
+    perm = rs.permutation(N)
+    noisy = y.copy()
+    if kind == "sym":
+        idx = perm[:int(N * r)]
+        if include_true_class:
+            noisy[idx] = rs.randint(C, size=len(idx), dtype=np.int32)
+            return noisy
+        if C < 2:
+            raise NoiseError("sym noise without the true class needs num_classes ≥ 2")
+        for i in idx:                                   # rejection: a data-dependent draw count
+            label = rs.randint(C, dtype=np.int32)
+            while label == y[i]:
+                label = rs.randint(C, dtype=np.int32)
+            noisy[i] = label
+        return noisy
+    P = np.eye(C)
+    src = np.flatnonzero(t != np.arange(C))
+    P[src, src], P[src, t[src]] = 1.0 - r, r
+    cdf = P.cumsum(axis=1)
+    cdf /= cdf[:, -1:]
+    u = rs.random_sample(N)                             # u[k] belongs to example perm[k]
+    c = y[perm]
+    noisy[perm] = np.sum(cdf[c] <= u[:, None], axis=1)
+    return noisy
+
+
 def _check_clean(clean, num_classes: int) -> np.ndarray:
     y = np.asarray(clean)
     if y.ndim != 1 or (y.size and not np.issubdtype(y.dtype, np.integer)):
@@ -113,14 +180,17 @@ def _check_clean(clean, num_classes: int) -> np.ndarray:
 
 def make_noisy_labels(clean, num_classes: int, kind: str, rate: float, seed: int, *,
                       dataset: str = "generic", include_true_class: bool = True,
-                      file=None, file_key: str | None = None) -> np.ndarray:
+                      file=None, file_key: str | None = None, generator: str = "pcg64") -> np.ndarray:
     """Noisy labels ỹ, int64 [N], from clean labels y int [N] (see the module docstring).
 
     rate      r ∈ [0, 1] (sym: fraction re-drawn; asym: flip probability; ignored by none/file)
-    seed      seeds np.random.default_rng (sym, asym)
+    seed      seeds the generator (sym, asym)
     dataset   picks the asymmetric map ('cifar10', 'cifar100', else generic)
     include_true_class  sym: draw from all C classes (True, the authors') or the C−1 others
     file, file_key      file noise: the label file and, for a dict-like file, its key
+    generator 'pcg64' (default) or 'authors'; `resolve_generator` turns the parameter's
+              'auto' into one of them from `data.dataset` (not from `dataset` here, which
+              only names the asymmetric map: an image folder of CIFAR-10 uses its map)
     """
     if kind not in NOISE_KINDS:
         raise NoiseError(f"unknown noise kind {kind!r} (parameter `noise`); valid kinds: {', '.join(NOISE_KINDS)}")
@@ -140,6 +210,11 @@ def make_noisy_labels(clean, num_classes: int, kind: str, rate: float, seed: int
     if kind == "file":
         return read_label_file(file, N, C, file_key)
 
+    t = asymmetric_map(dataset, C) if kind == "asym" else None
+    if generator == "authors":
+        return _authors_noise(y, C, kind, r, seed, t, include_true_class)
+    if generator != "pcg64":
+        raise NoiseError(f"noise generator must be 'pcg64' or 'authors' here, got {generator!r}")
     rng = np.random.default_rng(seed)
     noisy = y.copy()
     if kind == "sym":
@@ -154,7 +229,6 @@ def make_noisy_labels(clean, num_classes: int, kind: str, rate: float, seed: int
         return noisy
 
     # asym: one uniform per example (all N, in order), flip where u < r and c is a source class
-    t = asymmetric_map(dataset, C)
     flip = (rng.random(N) < r) & (t[y] != y)
     noisy[flip] = t[y[flip]]
     return noisy

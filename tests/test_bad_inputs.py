@@ -186,6 +186,8 @@ CASES = [
     Case("unknown_dataset", "data", (f"{S}.data.dataset", "'cifar'"), setv(f"{S}.data.dataset", "cifar")),
     Case("unknown_noise_kind", "noise", (f"{S}.noise.kind", "symmetric"),
          setv(f"{S}.noise.kind", "symmetric")),
+    Case("unknown_noise_generator", "noise", (f"{S}.noise.generator", "'mt19937'"),
+         setv(f"{S}.noise.generator", "mt19937")),
     Case("unknown_arch", "warmup", (f"{S}.model.arch", "resnet50"), setv(f"{S}.model.arch", "resnet50")),
     Case("unknown_key_did_you_mean", "pretrain", (f"{S}.pretrain.alhpa", "did you mean 'alpha'"),
          setv(f"{S}.pretrain.alhpa", 0.5)),

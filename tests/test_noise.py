@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from selcl.noise import (CIFAR100_FINE_TO_COARSE, NOISE_KINDS, NoiseError, asymmetric_map,
-                         floor_count, make_noisy_labels, realised_noise_rate,
+from selcl.noise import (CIFAR100_FINE_TO_COARSE, GENERATORS, NOISE_KINDS, NoiseError, asymmetric_map,
+                         floor_count, make_noisy_labels, realised_noise_rate, resolve_generator,
                          symmetric_noise_indices, transition_matrix)
 
 
@@ -271,6 +271,109 @@ def test_torch_file_refuses_arbitrary_pickles(tmp_path):
     torch.save({"worse_label": np.arange(3), "obj": Fraction(1, 2)}, tmp_path / "evil.pt")
     with pytest.raises(NoiseError, match="weights_only"):
         make_noisy_labels(np.arange(3), 3, "file", 0.0, 0, file=tmp_path / "evil.pt", file_key="worse_label")
+
+
+# ----------------------------------------------------------------------------- the authors' draws
+
+class _AuthorsDataset:
+    """The authors' noise procedure as their dataset class runs it (read from the public
+    repository ShikunLi/Sel-CL, CIFAR/dataset/cifar_dataset.py), one draw at a time:
+    `np.random.seed(seed)` there is numpy's global RandomState, so a RandomState(seed) of
+    our own gives the same stream without touching the global one."""
+
+    def __init__(self, targets, num_classes, noise_ratio, seed):
+        self.targets, self.C, self.r, self.rs = list(targets), num_classes, noise_ratio, np.random.RandomState(seed)
+        self.num = int(len(self.targets) * noise_ratio)
+
+    def symmetric(self, exclude_true=False):
+        idxes = self.rs.permutation(len(self.targets))
+        for i in range(len(idxes)):
+            if i < self.num:
+                label = self.rs.randint(self.C, dtype=np.int32)
+                while exclude_true and label == self.targets[idxes[i]]:   # their commented-out loop
+                    label = self.rs.randint(self.C, dtype=np.int32)
+                self.targets[idxes[i]] = label
+        return np.asarray(self.targets)
+
+    def asymmetric(self, which):
+        if which == "cifar10":      # truck→automobile, bird→airplane, cat→dog, dog→cat, deer→horse
+            conf = np.identity(self.C)
+            for src, dst in ((9, 1), (2, 0), (3, 5), (5, 3), (4, 7)):
+                conf[src, src], conf[src, dst] = 1 - self.r, self.r
+        else:                       # CIFAR-100: each fine class → the next of its superclass
+            conf = np.identity(self.C) * (1 - self.r)
+            coarse = np.asarray(CIFAR100_FINE_TO_COARSE)[np.asarray(self.targets)]
+            for s in range(20):
+                clean = np.unique(np.asarray(self.targets)[coarse == s])
+                for a, b in zip(clean, np.concatenate([clean[1:], clean[:1]])):
+                    conf[a, b] = self.r
+        idxes = self.rs.permutation(len(self.targets))
+        for i in range(len(idxes)):
+            current = self.targets[idxes[i]]
+            self.targets[idxes[i]] = self.rs.choice(np.arange(0, self.C), p=conf[current, :].transpose())
+        return np.asarray(self.targets)
+
+
+def _shuffled_labels(n, C, seed=0):
+    return np.random.default_rng(seed).permutation(np.arange(n) % C).astype(np.int64)
+
+
+@pytest.mark.parametrize("C,kind,r,exclude", [
+    (10, "sym", 0.2, False), (10, "sym", 0.8, False), (10, "sym", 0.4, True), (100, "sym", 0.5, False),
+    (10, "asym", 0.1, False), (10, "asym", 0.4, False), (10, "asym", 1.0, False), (100, "asym", 0.4, False)])
+def test_authors_generator_gives_their_labels(C, kind, r, exclude):
+    """generator='authors' reproduces, label for label, the authors' one-draw-at-a-time
+    procedure for the same clean labels in the same order (CIFAR in torchvision's order:
+    the paper's noisy labels)."""
+    y = _shuffled_labels(3000, C)
+    ds = "cifar10" if C == 10 else "cifar100"
+    ref = _AuthorsDataset(y, C, r, 42)
+    want = ref.symmetric(exclude) if kind == "sym" else ref.asymmetric(ds)
+    got = make_noisy_labels(y, C, kind, r, 42, dataset=ds, include_true_class=not exclude, generator="authors")
+    assert got.dtype == np.int64 and np.array_equal(got, want)
+    other_seed = make_noisy_labels(y, C, kind, r, 43, dataset=ds, include_true_class=not exclude, generator="authors")
+    assert np.array_equal(other_seed, got) == (kind == "asym" and r == 1.0)    # r = 1 draws nothing that matters
+
+
+def test_authors_sym_truncates_like_int():
+    """The authors redraw int(N·r) labels: 0.29·100 = 28.999… gives 28 there (29 with
+    `floor_count`, the pcg64 path's exact ⌊r·N⌋)."""
+    y = _shuffled_labels(100, 10)
+    assert _AuthorsDataset(y, 10, 0.29, 1).num == 28 and floor_count(0.29, 100) == 29
+    want = _AuthorsDataset(y, 10, 0.29, 1).symmetric(exclude_true=True)
+    got = make_noisy_labels(y, 10, "sym", 0.29, 1, include_true_class=False, generator="authors")
+    assert np.array_equal(got, want) and int(np.sum(got != y)) == 28
+
+
+def test_authors_asym_reads_choice_by_its_cdf():
+    """Can fail: the same uniforms read as "flip where u < r" (the pcg64 path's rule) are not
+    the authors' labels. numpy's `choice` walks the cumulative row, so a class whose target
+    has a larger id (cat→dog, deer→horse) flips where u ≥ 1 − r instead."""
+    y = _shuffled_labels(3000, 10)
+    want = _AuthorsDataset(y, 10, 0.4, 42).asymmetric("cifar10")
+    rs = np.random.RandomState(42)
+    perm, u = rs.permutation(len(y)), rs.random_sample(len(y))
+    t = asymmetric_map("cifar10", 10)
+    naive = y.copy()
+    flip = (u < 0.4) & (t[y[perm]] != y[perm])
+    naive[perm[flip]] = t[y[perm[flip]]]
+    assert not np.array_equal(naive, want)
+    same = np.isin(y, [9, 2, 5])                 # targets with smaller ids: u < r is their rule too
+    assert np.array_equal(naive[same], want[same])
+
+
+def test_generators_resolve_and_differ():
+    assert GENERATORS == ("auto", "authors", "pcg64")
+    assert resolve_generator("auto", "cifar10") == resolve_generator("auto", "CIFAR-100") == "authors"
+    assert resolve_generator("auto", "imagefolder") == resolve_generator("auto", "digits") == "pcg64"
+    assert resolve_generator("pcg64", "cifar10") == "pcg64" and resolve_generator("authors", "digits") == "authors"
+    with pytest.raises(NoiseError, match="generator 'mt'"):
+        resolve_generator("mt", "cifar10")
+    with pytest.raises(NoiseError, match="'pcg64' or 'authors'"):
+        make_noisy_labels(_clean(10, 2), 2, "sym", 0.2, 0, generator="auto")
+    y = _shuffled_labels(1000, 10)
+    assert not np.array_equal(make_noisy_labels(y, 10, "sym", 0.4, 42, generator="authors"),
+                              make_noisy_labels(y, 10, "sym", 0.4, 42))
 
 
 # ----------------------------------------------------------------------------- parameter errors

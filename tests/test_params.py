@@ -60,6 +60,18 @@ def test_ce_budget_matches_selcl_plus_in_demo_and_cpu_presets():
             assert cfg["baseline"]["epochs"] >= total, f"{name}: CE {cfg['baseline']['epochs']} < {total}"
 
 
+def test_noise_generator_by_suite():
+    """The paper suite draws the authors' noisy labels (torchvision CIFAR, their order); the
+    demo and the CPU presets keep the project's pcg64 draws, which every recorded number of
+    theirs was made with."""
+    from selcl.noise import resolve_generator
+    p = params()
+    for suite, want in (("paper", "authors"), ("demo", "pcg64"), ("cpu_real", "pcg64")):
+        for name in p["suites"][suite]:
+            cfg = resolve(p, name)
+            assert resolve_generator(cfg["noise"]["generator"], cfg["data"]["dataset"]) == want, name
+
+
 def test_cifar10_image_folder_presets_use_the_papers_noise():
     """An image folder's asymmetric default is the cyclic map; the CIFAR-10 presets read from
     an archive must flip as the paper does (truck→automobile, bird→airplane, deer→horse,
