@@ -1,0 +1,41 @@
+"""tools/table4_real.py: one row per Table 4 variant from parity_runs' lines and histories."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tools"))
+
+import table4_real  # noqa: E402
+
+
+def _run(folder: Path, variant: str, knn: list, plus: float, n_T=None, prec_T=None) -> None:
+    line = {"label": f"table4-{variant}", "n_train": 2000, "realised_noise": 0.196, "knn_top1": knn[-1],
+            "selcl_plus_mean_last": plus, "n_T": n_T, "precision_T": prec_T,
+            "seconds": {"warmup+pretrain": 600, "finetune": 120, "ce": 0}}
+    with open(folder / "results.jsonl", "a") as fh:
+        fh.write(json.dumps(line) + "\n")
+    hist = {"pretrain": [{"epoch": e + 2, "knn_top1": k} for e, k in enumerate(knn)]}
+    (folder / f"{variant}.json").write_text(json.dumps(hist))
+
+
+def test_rows_markdown_and_figure(tmp_path):
+    _run(tmp_path, "T_G1_G2", [40.0, 50.0, 52.0, 54.0], 55.0, n_T=1060, prec_T=0.913)
+    _run(tmp_path, "all", [30.0, 31.0, 33.0, 35.0], 20.0)
+    _run(tmp_path, "clean_assoc", [41.0, 45.0, 47.0, 49.0], 60.0)
+    _run(tmp_path, "all", [38.0, 40.0, 42.0, 44.0], 40.0)                   # a rerun replaces the first
+    out = tmp_path / "t4"
+    assert table4_real.main([str(tmp_path), "--out", str(out), "--last", "2"]) == 0
+    rows = {r["variant"]: r for r in table4_real.rows(table4_real.load(tmp_path), {"all": 90.58}, last=2)}
+    assert list(rows) == ["all", "T_G1_G2", "clean_assoc"]                  # the paper's order
+    assert rows["all"]["knn_last"] == 44.0 and rows["all"]["knn_mean_last"] == 43.0
+    assert rows["all"]["n_examples"] == 2000 and abs(rows["all"]["examples_clean"] - 0.804) < 1e-9
+    assert rows["T_G1_G2"]["n_examples"] == 1060 and rows["T_G1_G2"]["examples_clean"] == 0.913
+    assert rows["clean_assoc"]["n_examples"] == 1608 and rows["clean_assoc"]["examples_clean"] == 1.0
+    assert rows["all"]["paper"] == 90.58 and rows["clean_assoc"]["paper"] is None
+    assert rows["T_G1_G2"]["minutes"] == 12.0
+    md = out.with_suffix(".md").read_text()
+    assert md.count("\n") == 2 + 3 and "| all |" in md and "| 43.00 |" in md and "| 90.58 |" in md
+    assert out.with_suffix(".png").stat().st_size > 1000

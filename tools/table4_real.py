@@ -1,0 +1,129 @@
+"""Paper Table 4 on real images, small: which examples and pairs Sel-CL learns from, on the
+CPU preset `cpu_cifar10_asym40` (2,000 CIFAR-10 images, 40 % asymmetric noise), one
+`bench/parity_runs.py` process per `pretrain.selected_sets` variant:
+
+    for v in all clean_clean T_G1 clean_assoc clean_all_pairs T_G1_G2; do
+      python bench/parity_runs.py --setting cpu_cifar10_asym40 --path data/cifar10-jpeg.tar.gz \\
+        --label table4-$v --set pretrain.selected_sets=$v --no-ce \\
+        --history bench/results/cpu_real_histories/table4/$v.json \\
+        >> bench/results/cpu_real_histories/table4/results.jsonl
+    done
+    python tools/table4_real.py bench/results/cpu_real_histories/table4 --out bench/results/table4_asym40
+
+writes <out>.md (one row per variant beside the paper's CIFAR-10 column) and <out>.png
+(the encoder's weighted k-NN accuracy per epoch, one line per variant).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# What each variant trains on (selcl/pairs.py): the L_CLS / fine-tuning examples, the pairs.
+VARIANTS = {
+    "all": ("every example, its noisy label", "all same-noisy-label pairs"),
+    "T_G1": ("T (selected)", "G′: same-label pairs within T"),
+    "T_G1_G2": ("T (selected)", "G′ ∪ G″ (Sel-CL, the default)"),
+    "clean_assoc": ("the truly clean examples (oracle)", "same-label pairs among them"),
+    "clean_all_pairs": ("the truly clean examples (oracle)", "all same-noisy-label pairs"),
+    "clean_clean": ("every example, its noisy label", "same-clean-label pairs (oracle)"),
+}
+
+
+def _mean_last(values: list, n: int) -> float:
+    tail = [v for v in values if v is not None][-n:]
+    return sum(tail) / len(tail)
+
+
+def load(folder: Path) -> dict[str, dict]:
+    """{variant: {"result": its results.jsonl line, "history": its per-epoch history}};
+    the last line of a variant wins (a rerun replaces an earlier one)."""
+    runs = {}
+    for line in (folder / "results.jsonl").read_text().splitlines():
+        if line.strip():
+            r = json.loads(line)
+            runs[r["label"].removeprefix("table4-")] = {"result": r}
+    for v, run in runs.items():
+        path = folder / f"{v}.json"
+        run["history"] = json.loads(path.read_text()) if path.exists() else None
+    return runs
+
+
+def rows(runs: dict, paper: dict, last: int = 5) -> list[dict]:
+    out = []
+    for v in VARIANTS:
+        if v not in runs:
+            continue
+        r, h = runs[v]["result"], runs[v]["history"]
+        epochs = [(e["epoch"], e.get("knn_top1")) for e in h["pretrain"]] if h else []
+        knn = [k for _, k in epochs]
+        n, noise = r["n_train"], r["realised_noise"]
+        if v in ("T_G1", "T_G1_G2"):
+            size, clean = r["n_T"], r["precision_T"]
+        elif v.startswith("clean_") and v != "clean_clean":
+            size, clean = round(n * (1 - noise)), 1.0
+        else:
+            size, clean = n, 1 - noise
+        out.append({"variant": v, "examples": VARIANTS[v][0], "pairs": VARIANTS[v][1],
+                    "knn_last": r["knn_top1"], "knn_mean_last": _mean_last(knn, last) if knn else None,
+                    "selcl_plus": r["selcl_plus_mean_last"], "n_examples": size, "examples_clean": clean,
+                    "paper": paper.get(v), "minutes": sum(r["seconds"].values()) / 60,
+                    "knn_by_epoch": epochs})
+    return out
+
+
+def markdown(table: list[dict], last: int) -> str:
+    head = ["| variant (`pretrain.selected_sets`) | examples (L_CLS, Sel-CL+) | positive pairs | "
+            f"encoder k-NN, last epoch | k-NN, mean of last {last} | Sel-CL+ (mean of last 5) | "
+            "examples used / right labels | paper (CIFAR-10, k-NN) | minutes |",
+            "|---|---|---|---|---|---|---|---|---|"]
+    fmt = lambda x, f="{:.2f}": "—" if x is None else f.format(x)  # noqa: E731
+    return "\n".join(head + [
+        f"| {r['variant']} | {r['examples']} | {r['pairs']} | {fmt(r['knn_last'])} | {fmt(r['knn_mean_last'])} | "
+        f"{fmt(r['selcl_plus'])} | {r['n_examples']:,} / {r['examples_clean']:.3f} | {fmt(r['paper'])} | "
+        f"{r['minutes']:.1f} |" for r in table]) + "\n"
+
+
+def figure(table: list[dict], path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for r in table:
+        ep, ks = zip(*r["knn_by_epoch"]) if r["knn_by_epoch"] else ((), ())
+        ax.plot(ep, ks, label=r["variant"], lw=2.2 if r["variant"] == "T_G1_G2" else 1.2)
+    ax.set_xlabel("global epoch (1 = Uns-CL warm-up)")
+    ax.set_ylabel("weighted k-NN top-1 of the encoder (%)")
+    ax.set_title("Table 4, small: cpu_cifar10_asym40 (2,000 images, 40 % asym)", fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("folder", type=Path, help="results.jsonl and <variant>.json histories")
+    ap.add_argument("--out", type=Path, required=True, help="<out>.md and <out>.png")
+    ap.add_argument("--last", type=int, default=5, help="epochs averaged for the k-NN column")
+    args = ap.parse_args(argv)
+    tables = yaml.safe_load((ROOT / "references" / "paper_tables.yaml").read_text())
+    table = rows(load(args.folder), tables["selected_sets_knn"]["cifar10"], args.last)
+    if not table:
+        print(f"no runs in {args.folder}", file=sys.stderr)
+        return 1
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.with_suffix(".md").write_text(markdown(table, args.last))
+    figure(table, args.out.with_suffix(".png"))
+    print(args.out.with_suffix(".md").read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
