@@ -18,8 +18,9 @@ CIFAR-100, ``pcg64`` for everything else):
 
 * ``authors``  numpy's legacy generator (``RandomState``, MT19937) drawn exactly as the
                authors' `random_in_noise` / `real_in_noise` draw it (see `_authors_noise`):
-               for CIFAR in torchvision's order these are the noisy labels of the paper's
-               runs, bit for bit. numpy freezes the legacy streams, so they stay so.
+               for the whole CIFAR training set in torchvision's order (no `data.subset`)
+               these are the noisy labels the authors' public code produces, bit for bit.
+               numpy freezes the legacy streams, so they stay so.
 * ``pcg64``    ``np.random.default_rng(seed)`` (PCG64 + numpy's documented permutation /
                integers / random algorithms): the project's own draws, used by the demo
                and the CPU presets; a test pins a sha256 of one case so any change of RNG
@@ -123,7 +124,7 @@ def resolve_generator(generator: str, dataset: str) -> str:
 
 
 def _authors_noise(y: np.ndarray, C: int, kind: str, r: float, seed: int, t: np.ndarray,
-                   include_true_class: bool) -> np.ndarray:
+                   include_true_class: bool, cifar10: bool = False) -> np.ndarray:
     """Noisy labels with the authors' draws (public repository ShikunLi/Sel-CL,
     CIFAR/dataset/cifar_dataset.py): numpy's global legacy generator seeded with the
     dataset seed, one permutation of all N examples, then, in permutation order,
@@ -136,6 +137,8 @@ def _authors_noise(y: np.ndarray, C: int, kind: str, r: float, seed: int, t: np.
             transition matrix (P[c,c] = 1 − r, P[c,t(c)] = r for a source class c, else
             P[c,c] = 1): one uniform u, label = #{k : cdf_c[k] ≤ u} with
             cdf_c = cumsum(P[c]) / its last entry — numpy's own reading of `choice`.
+            Their CIFAR-10 class (`cifar10`) draws only when int(N·r) > 0 (so a tiny
+            N·r leaves every label clean); their CIFAR-100 class always draws.
 
     Vectorised; `tests/test_noise.py` checks it against the one-draw-at-a-time loop."""
     N = len(y)
@@ -154,6 +157,8 @@ def _authors_noise(y: np.ndarray, C: int, kind: str, r: float, seed: int, t: np.
             while label == y[i]:
                 label = rs.randint(C, dtype=np.int32)
             noisy[i] = label
+        return noisy
+    if cifar10 and int(N * r) == 0:
         return noisy
     P = np.eye(C)
     src = np.flatnonzero(t != np.arange(C))
@@ -200,6 +205,8 @@ def make_noisy_labels(clean, num_classes: int, kind: str, rate: float, seed: int
         raise NoiseError(f"noise `rate` must be a number in [0, 1], got {rate!r}") from None
     if not 0.0 <= r <= 1.0:   # also rejects NaN
         raise NoiseError(f"noise `rate` must lie in [0, 1], got {rate!r}")
+    if generator not in ("pcg64", "authors"):
+        raise NoiseError(f"noise generator must be 'pcg64' or 'authors' here, got {generator!r}")
     C = int(num_classes)
     y = _check_clean(clean, C)
     N = len(y)
@@ -212,9 +219,7 @@ def make_noisy_labels(clean, num_classes: int, kind: str, rate: float, seed: int
 
     t = asymmetric_map(dataset, C) if kind == "asym" else None
     if generator == "authors":
-        return _authors_noise(y, C, kind, r, seed, t, include_true_class)
-    if generator != "pcg64":
-        raise NoiseError(f"noise generator must be 'pcg64' or 'authors' here, got {generator!r}")
+        return _authors_noise(y, C, kind, r, seed, t, include_true_class, cifar10=_norm_name(dataset) == "cifar10")
     rng = np.random.default_rng(seed)
     noisy = y.copy()
     if kind == "sym":

@@ -35,7 +35,8 @@ def run(name: str) -> None:
         with open(tmp, "wb") as fh:
             np.savez(fh, noisy=noisy, clean=data.y_train, num_classes=C, transition=T)
     rate = realised_noise_rate(data.y_train, noisy)
-    write_json(out / "noise.json", {"kind": nc["kind"], "rate": nc["rate"], "generator": generator,
+    write_json(out / "noise.json", {"kind": nc["kind"], "rate": nc["rate"],
+                                    "generator": generator if nc["kind"] in ("sym", "asym") else None,
                                     "realised_noise_rate": rate})
     print(f"[noise] {name}: {nc['kind']} r={nc['rate']} → realised noise rate {rate:.4f}")
 

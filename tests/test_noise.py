@@ -296,6 +296,8 @@ class _AuthorsDataset:
         return np.asarray(self.targets)
 
     def asymmetric(self, which):
+        if which == "cifar10" and self.num == 0:    # their CIFAR-10 class draws only when int(N·r) > 0
+            return np.asarray(self.targets)
         if which == "cifar10":      # truck→automobile, bird→airplane, cat→dog, dog→cat, deer→horse
             conf = np.identity(self.C)
             for src, dst in ((9, 1), (2, 0), (3, 5), (5, 3), (4, 7)):
@@ -335,6 +337,25 @@ def test_authors_generator_gives_their_labels(C, kind, r, exclude):
     assert np.array_equal(other_seed, got) == (kind == "asym" and r == 1.0)    # r = 1 draws nothing that matters
 
 
+def test_authors_cifar10_asym_draws_nothing_below_one_flip():
+    """Their CIFAR-10 class skips the draws when int(N·r) = 0 (every label stays clean);
+    their CIFAR-100 class has no such rule."""
+    y = _shuffled_labels(99, 10)
+    assert np.array_equal(make_noisy_labels(y, 10, "asym", 0.01, 5, dataset="cifar10", generator="authors"), y)
+    for seed in range(20):
+        want = _AuthorsDataset(y, 10, 0.01, seed).asymmetric("cifar10")
+        assert np.array_equal(make_noisy_labels(y, 10, "asym", 0.01, seed, dataset="cifar10", generator="authors"),
+                              want)
+    y100 = _shuffled_labels(200, 100)                  # every class present (their ring reads the targets)
+    flipped = [not np.array_equal(make_noisy_labels(y100, 100, "asym", 0.004, s, dataset="cifar100",
+                                                    generator="authors"), y100) for s in range(20)]
+    assert any(flipped)
+    for seed in range(5):
+        assert np.array_equal(make_noisy_labels(y100, 100, "asym", 0.004, seed, dataset="cifar100",
+                                                generator="authors"),
+                              _AuthorsDataset(y100, 100, 0.004, seed).asymmetric("cifar100"))
+
+
 def test_authors_sym_truncates_like_int():
     """The authors redraw int(N·r) labels: 0.29·100 = 28.999… gives 28 there (29 with
     `floor_count`, the pcg64 path's exact ⌊r·N⌋)."""
@@ -345,10 +366,11 @@ def test_authors_sym_truncates_like_int():
     assert np.array_equal(got, want) and int(np.sum(got != y)) == 28
 
 
-def test_authors_asym_reads_choice_by_its_cdf():
-    """Can fail: the same uniforms read as "flip where u < r" (the pcg64 path's rule) are not
-    the authors' labels. numpy's `choice` walks the cumulative row, so a class whose target
-    has a larger id (cat→dog, deer→horse) flips where u ≥ 1 − r instead."""
+def test_authors_reference_tells_choice_from_a_threshold():
+    """A check of the reference, not of selcl: the same uniforms read as "flip where u < r"
+    (the pcg64 path's rule) are not the authors' labels — numpy's `choice` walks the
+    cumulative row, so a class whose target has a larger id (cat→dog, deer→horse) flips
+    where u ≥ 1 − r instead — so the test above can tell the two rules apart."""
     y = _shuffled_labels(3000, 10)
     want = _AuthorsDataset(y, 10, 0.4, 42).asymmetric("cifar10")
     rs = np.random.RandomState(42)
@@ -369,8 +391,9 @@ def test_generators_resolve_and_differ():
     assert resolve_generator("pcg64", "cifar10") == "pcg64" and resolve_generator("authors", "digits") == "authors"
     with pytest.raises(NoiseError, match="generator 'mt'"):
         resolve_generator("mt", "cifar10")
-    with pytest.raises(NoiseError, match="'pcg64' or 'authors'"):
-        make_noisy_labels(_clean(10, 2), 2, "sym", 0.2, 0, generator="auto")
+    for kind in ("sym", "none"):
+        with pytest.raises(NoiseError, match="'pcg64' or 'authors'"):
+            make_noisy_labels(_clean(10, 2), 2, kind, 0.2, 0, generator="auto")
     y = _shuffled_labels(1000, 10)
     assert not np.array_equal(make_noisy_labels(y, 10, "sym", 0.4, 42, generator="authors"),
                               make_noisy_labels(y, 10, "sym", 0.4, 42))
