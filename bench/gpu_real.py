@@ -56,7 +56,10 @@ def main() -> None:
     ap.add_argument("--epochs", type=int, default=25, help="Sel-CL epochs in all, warm-up included")
     ap.add_argument("--finetune-epochs", type=int, default=10)
     ap.add_argument("--ce-epochs", type=int, default=None)
-    ap.add_argument("--subset", type=int, default=None)
+    ap.add_argument("--subset", type=int, default=None,
+                    help="the first N training images per class; the memory, the MoCo key queue and "
+                         "the k of the selection and of the k-NN evaluation shrink with the training "
+                         "set (the paper's 20,000, 10,000, 250 and 200 of 50,000)")
     ap.add_argument("--arch", default="preact_resnet18", help="'small' for a quick CPU smoke run")
     ap.add_argument("--workdir", default="/tmp/selcl_gpu_real")
     ap.add_argument("--out", required=True, help="markdown table; CSV histories go beside it")
@@ -80,6 +83,13 @@ def main() -> None:
     cfg["model"]["arch"] = args.arch
     if args.arch == "small":
         cfg["model"].update(width=16, blocks=[1, 1, 1, 1])
+    n = len(ds.y_train)
+    if args.subset:   # the paper's shares of the training set (20,000, 10,000, 250 and 200 of 50,000)
+        B, C = cfg["pretrain"]["batch_size"], len(ds.classes)    # the memory holds at least one step's 2B
+        cfg["pretrain"]["queue_per_class"] = max(-(-B // C), round(cfg["pretrain"]["queue_per_class"] * n / 50_000))
+        cfg["warmup"]["queue_size"] = max(cfg["pretrain"]["batch_size"], round(cfg["warmup"]["queue_size"] * n / 50_000))
+        for section in ("pretrain", "evaluate"):
+            cfg[section]["k"] = max(5, round(cfg[section]["k"] * n / 50_000))
     P, F = args.epochs, args.finetune_epochs
     E = args.ce_epochs or P + F
     cfg["pretrain"].update(epochs=P, lr_warmup_epochs=min(2, P - 1),
@@ -94,7 +104,9 @@ def main() -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     info = describe(device)
     head = [f"# {args.setting} on {info.get('gpu', info['device'])} (torch {info['torch']}), "
-            f"{len(ds.y_train)} training images, realised noise {realised:.3f}", ""]
+            f"{n} training images, realised noise {realised:.3f}, memory {cfg['pretrain']['queue_per_class']} "
+            f"per class, MoCo queue {cfg['warmup']['queue_size']}, K {cfg['pretrain']['k']}, "
+            f"k-NN eval k {cfg['evaluate']['k']}", ""]
     if args.profile_steps and args.part == "selcl":
         steps_per_epoch = len(ds.y_train) // cfg["pretrain"]["batch_size"]
         StepProfiler(args.profile_steps, steps_per_epoch + min(20, steps_per_epoch // 4),
@@ -133,14 +145,21 @@ def main() -> None:
     train_s = [r["train_s"] for r in pre["timing"]]
     steady = float(np.median(train_s[1:])) if len(train_s) > 1 else train_s[0]
     other = float(np.median([r["select_s"] + r["knn_s"] for r in pre["timing"]]))
+    # A subset's epochs are shorter; the full run is projected from the step (390 steps and
+    # 50,000 images per epoch), selection and fine-tuning scaled by the images; the warm-up
+    # epoch as measured (mostly compilation).
+    steps = n // cfg["pretrain"]["batch_size"]
+    full = 50_000 / n
+    projected = (t_warm + 249 * (steady * 390 / steps + other * full) + 70 * t_ft * full) / 60
     last = pre["history"][-1]
     emit(head + [
         "| what | value |", "|---|---|",
         f"| Uns-CL warm-up epoch (incl. compilation) | {t_warm:.1f} s |",
         f"| pre-training epoch, training only: first / median of the rest | {train_s[0]:.1f} / {steady:.2f} s |",
+        f"| pre-training step ({steps} per epoch, median epoch / steps) | {1000 * steady / steps:.1f} ms |",
         f"| selection + k-NN eval per epoch (median) | {other:.2f} s |",
         f"| fine-tuning epoch (on T, {ft['n_train']} images) | {t_ft:.2f} s |",
-        f"| projected full run (250 + 70 epochs) | {(t_warm + 249 * (steady + other) + 70 * t_ft) / 60:.1f} min |",
+        f"| projected full run (250 + 70 epochs, 50,000 images) | {projected:.1f} min |",
         f"| after {P} epochs: |T|, precision / recall of T | {int(last['n_selected'])}, "
         f"{last['precision_T']:.3f} / {last['recall_T']:.3f} |",
         f"| precision of G | {last.get('precision_G', float('nan')):.3f} |",

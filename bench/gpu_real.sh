@@ -14,8 +14,11 @@
 # "auto" epochs: as many as fit in what TIME_LIMIT leaves after step 1, from the faster step's
 # time (an epoch ≈ 1.5 × 390 steps, the ratio of the earlier H100 runs, + 15 % for the CE
 # process beside it), fine-tuning ≈ 15/40 of them (the issue's 40 + 15 shape).
-# (GPU_REAL_ARGS="--subset 500 --arch small" and STEP_ARGS="--arch small --batch 16" for a
-#  quick smoke run on the CPU; SKIP_STEP=1 skips step 1;
+# (SUBSET=N: the first N training images per class in step 2, the memory and MoCo queue
+#  shrunk alike, and "auto" epochs sized for its shorter epochs: a run whose two methods
+#  converge inside a lease, its step time still projecting the full run;
+#  GPU_REAL_ARGS="--arch small" and STEP_ARGS="--arch small --batch 16" for a
+#  quick smoke run on the CPU (with SUBSET=50); SKIP_STEP=1 skips step 1;
 #  PROFILE_STEPS=N: torch.profiler over N Sel-CL steps of the second pre-training epoch;
 #  TIME_LIMIT=seconds stops every part by then, keeping the per-epoch CSVs written so far,
 #  and the script still ends normally: use it instead of killing the script from outside.)
@@ -75,9 +78,12 @@ echo "step: retained graph ${a:-?} ms, recomputed ${b:-?} ms; SELCL_SIM_RECOMPUT
 # ≈ 170 s (data, warm-up and first-epoch compilation, fine-tuning, final evaluation); per
 # Sel-CL epoch: training + 0.7 s selection/k-NN, plus 15/40 of a 2.5 s fine-tuning epoch.
 finetune_for_P() { F=$(( (P * 15 + 20) / 40 > 3 ? (P * 15 + 20) / 40 : 3 )); }   # ≈ 15/40 of P, at least 3
+# SUBSET=N: 10·N images, 10·N/128 steps; selection and fine-tuning shrink with the images.
+steps=390; [ -n "${SUBSET:-}" ] && steps=$(( SUBSET * 10 / 128 > 1 ? SUBSET * 10 / 128 : 1 ))
+subset_args=${SUBSET:+--subset $SUBSET}
 size_epochs() {
-  P=$(awk "BEGIN {e = 1.15 * (0.585 * $1 + 0.7) + 0.94; p = int(($(left) - 170) / e);
-               print (p < 4 ? 4 : (p > 250 ? 250 : p))}")
+  P=$(awk "BEGIN {f = $steps / 390; e = 1.15 * (1.5 * $steps * $1 / 1000 + 0.7 * f) + 0.94 * f;
+               p = int(($(left) - 170) / e); print (p < 4 ? 4 : (p > 250 ? 250 : p))}")
   finetune_for_P
   echo "auto epochs (step $1 ms, $(left) s left): Sel-CL $P (warm-up included), fine-tuning $F"
 }
@@ -86,12 +92,12 @@ auto=""; [ "$P" = auto ] && { auto=1; size_epochs "$step"; }
 [ "$F" = auto ] && finetune_for_P
 # CE for the same number of epochs as Sel-CL + Sel-CL+ beside the Sel-CL part; with CE_LONG=1
 # then for twice as many (has it converged, or begun to memorise?).
-( timeout "$(left)" $py bench/gpu_real.py ${GPU_REAL_ARGS:-} --data "$data" --part ce --epochs "$P" --finetune-epochs "$F" --out "$out/ce.md" \
+( timeout "$(left)" $py bench/gpu_real.py ${GPU_REAL_ARGS:-} $subset_args --data "$data" --part ce --epochs "$P" --finetune-epochs "$F" --out "$out/ce.md" \
     > "$out/ce.log" 2>&1
-  [ -z "${CE_LONG:-}" ] || timeout "$(left)" $py bench/gpu_real.py ${GPU_REAL_ARGS:-} --data "$data" --part ce --epochs "$P" --finetune-epochs "$F" \
+  [ -z "${CE_LONG:-}" ] || timeout "$(left)" $py bench/gpu_real.py ${GPU_REAL_ARGS:-} $subset_args --data "$data" --part ce --epochs "$P" --finetune-epochs "$F" \
     --ce-epochs $((2 * (P + F))) --out "$out/ce_long.md" --workdir /tmp/selcl_gpu_real_long > "$out/ce_long.log" 2>&1 ) &
 ce=$!
-selcl() { timeout "$(left)" $py bench/gpu_real.py ${GPU_REAL_ARGS:-} --data "$data" --part selcl --epochs "$P" --finetune-epochs "$F" \
+selcl() { timeout "$(left)" $py bench/gpu_real.py ${GPU_REAL_ARGS:-} $subset_args --data "$data" --part selcl --epochs "$P" --finetune-epochs "$F" \
     --profile-steps "${PROFILE_STEPS:-0}" --out "$out/selcl.md" --workdir "$1" > "$out/selcl.log" 2>&1 || { echo "selcl part failed:"; tail -40 "$out/selcl.log"; return 1; }; }
 if ! selcl /tmp/selcl_gpu_real && [ "${SELCL_SIM_RECOMPUTE:-0}" = 1 ] && [ "$(left)" -gt 240 ]; then
   # The L_SIM recompute is the newer CUDA path: if it fails, the time left goes to the

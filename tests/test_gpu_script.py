@@ -55,6 +55,18 @@ def test_auto_epochs_fit_the_time_left(tmp_path):
     assert "auto epochs" in out
 
 
+def test_a_subset_reaches_both_parts_and_sizes_its_shorter_epochs(tmp_path):
+    _, calls = run_script(tmp_path, SUBSET="500")
+    parts = [c for c in calls if "--part" in c]
+    assert len(parts) == 2 and all("--subset 500" in c for c in parts)
+    P, F = _epochs(parts[0])
+    # 5,000 images: 39 steps of 38 ms per epoch, ≈ 2.7 s with selection and fine-tuning's
+    # share, after ≈ 170 s of fixed costs, in 520 s
+    assert 110 <= P <= 140 and F == (P * 15 + 20) // 40
+    _, calls = run_script(tmp_path)
+    assert not any("--subset" in c for c in calls)
+
+
 def test_explicit_epochs_are_kept(tmp_path):
     _, calls = run_script(tmp_path, epochs=("24", "9"))
     assert all(_epochs(c) == (24, 9) for c in calls)
