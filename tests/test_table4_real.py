@@ -11,13 +11,18 @@ sys.path.insert(0, str(ROOT / "tools"))
 import table4_real  # noqa: E402
 
 
-def _run(folder: Path, variant: str, knn: list, plus: float, n_T=None, prec_T=None) -> None:
-    line = {"label": f"table4-{variant}", "n_train": 2000, "realised_noise": 0.196, "knn_top1": knn[-1],
+CFG = {"data": {"dataset": "imagefolder", "subset": 200},
+       "noise": {"kind": "asym", "rate": 0.4, "seed": 42, "asym_map": "cifar10", "include_true_class": True,
+                 "generator": "auto"}}
+
+
+def _run(folder: Path, variant: str, knn: list, plus: float, n_T=None, prec_T=None, noise=0.196) -> None:
+    line = {"label": f"table4-{variant}", "n_train": 2000, "realised_noise": noise, "knn_top1": knn[-1],
             "selcl_plus_mean_last": plus, "n_T": n_T, "precision_T": prec_T,
             "seconds": {"warmup+pretrain": 600, "finetune": 120, "ce": 0}}
     with open(folder / "results.jsonl", "a") as fh:
         fh.write(json.dumps(line) + "\n")
-    hist = {"pretrain": [{"epoch": e + 2, "knn_top1": k} for e, k in enumerate(knn)]}
+    hist = {"cfg": CFG, "pretrain": [{"epoch": e + 2, "knn_top1": k} for e, k in enumerate(knn)]}
     (folder / f"{variant}.json").write_text(json.dumps(hist))
 
 
@@ -36,6 +41,10 @@ def test_rows_markdown_and_figure(tmp_path):
     assert rows["clean_assoc"]["n_examples"] == 1608 and rows["clean_assoc"]["examples_clean"] == 1.0
     assert rows["all"]["paper"] == 90.58 and rows["clean_assoc"]["paper"] is None
     assert rows["T_G1_G2"]["minutes"] == 12.0
+    # all same-noisy-label pairs of the preset's labels (rebuilt, checked against the realised noise)
+    assert abs(rows["all"]["pairs_right"] - 0.6976) < 1e-4 and rows["clean_assoc"]["pairs_right"] == 1.0
+    _run(tmp_path, "all", [38.0, 40.0, 42.0, 44.0], 40.0, noise=0.25)      # labels that are not these
+    assert table4_real.rows(table4_real.load(tmp_path), {})[0]["pairs_right"] is None
     md = out.with_suffix(".md").read_text()
     assert md.count("\n") == 2 + 3 and "| all |" in md and "| 43.00 |" in md and "| 90.58 |" in md
     assert out.with_suffix(".png").stat().st_size > 1000

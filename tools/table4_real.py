@@ -23,6 +23,7 @@ from pathlib import Path
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 
 # What each variant trains on (selcl/pairs.py): the L_CLS / fine-tuning examples, the pairs.
 VARIANTS = {
@@ -54,6 +55,32 @@ def load(folder: Path) -> dict[str, dict]:
     return runs
 
 
+def same_label_pair_precision(run: dict) -> float | None:
+    """Precision (y_i = y_j) of all ordered same-noisy-label pairs i ≠ j: the positives of
+    `all` and `clean_all_pairs`. Rebuilt from the run's config: an image-folder subset loads
+    class by class with `subset` images each; trusted only if the rebuilt labels give the
+    run's logged realised noise."""
+    import numpy as np
+
+    from selcl.noise import make_noisy_labels, resolve_generator
+    cfg, r = (run["history"] or {}).get("cfg"), run["result"]
+    if not cfg or not cfg["data"].get("subset"):
+        return None
+    nc, C = cfg["noise"], 10
+    y = np.repeat(np.arange(C), cfg["data"]["subset"])
+    noisy = make_noisy_labels(y, C, nc["kind"], nc["rate"], nc["seed"], dataset=nc["asym_map"],
+                              include_true_class=nc["include_true_class"],
+                              generator=resolve_generator(nc.get("generator", "pcg64"), cfg["data"]["dataset"]))
+    if len(y) != r["n_train"] or abs(float(np.mean(noisy != y)) - r["realised_noise"]) > 1e-9:
+        return None
+    right = total = 0
+    for c in range(C):
+        counts = np.bincount(y[noisy == c], minlength=C)
+        right += int((counts * (counts - 1)).sum())
+        total += int(counts.sum() * (counts.sum() - 1))
+    return right / total
+
+
 def rows(runs: dict, paper: dict, last: int = 5) -> list[dict]:
     out = []
     for v in VARIANTS:
@@ -63,6 +90,8 @@ def rows(runs: dict, paper: dict, last: int = 5) -> list[dict]:
         epochs = [(e["epoch"], e.get("knn_top1")) for e in h["pretrain"]] if h else []
         knn = [k for _, k in epochs]
         n, noise = r["n_train"], r["realised_noise"]
+        pairs = {"all": same_label_pair_precision(runs[v]), "clean_all_pairs": same_label_pair_precision(runs[v]),
+                 "clean_assoc": 1.0, "clean_clean": 1.0, "T_G1_G2": r.get("precision_G")}.get(v)
         if v in ("T_G1", "T_G1_G2"):
             size, clean = r["n_T"], r["precision_T"]
         elif v.startswith("clean_") and v != "clean_clean":
@@ -72,6 +101,7 @@ def rows(runs: dict, paper: dict, last: int = 5) -> list[dict]:
         out.append({"variant": v, "examples": VARIANTS[v][0], "pairs": VARIANTS[v][1],
                     "knn_last": r["knn_top1"], "knn_mean_last": _mean_last(knn, last) if knn else None,
                     "selcl_plus": r["selcl_plus_mean_last"], "n_examples": size, "examples_clean": clean,
+                    "pairs_right": pairs,
                     "paper": paper.get(v), "minutes": sum(r["seconds"].values()) / 60,
                     "knn_by_epoch": epochs})
     return out
@@ -79,12 +109,14 @@ def rows(runs: dict, paper: dict, last: int = 5) -> list[dict]:
 
 def markdown(table: list[dict], last: int) -> str:
     head = ["| variant (`pretrain.selected_sets`) | examples (L_CLS, Sel-CL+) | positive pairs | "
+            "pairs right (last epoch) | "
             f"encoder k-NN, last epoch | k-NN, mean of last {last} | Sel-CL+ (mean of last 5) | "
             "examples used / right labels | paper (CIFAR-10, k-NN) | minutes |",
-            "|---|---|---|---|---|---|---|---|---|"]
+            "|---|---|---|---|---|---|---|---|---|---|"]
     fmt = lambda x, f="{:.2f}": "—" if x is None else f.format(x)  # noqa: E731
     return "\n".join(head + [
-        f"| {r['variant']} | {r['examples']} | {r['pairs']} | {fmt(r['knn_last'])} | {fmt(r['knn_mean_last'])} | "
+        f"| {r['variant']} | {r['examples']} | {r['pairs']} | {fmt(r['pairs_right'], '{:.3f}')} | "
+        f"{fmt(r['knn_last'])} | {fmt(r['knn_mean_last'])} | "
         f"{fmt(r['selcl_plus'])} | {r['n_examples']:,} / {r['examples_clean']:.3f} | {fmt(r['paper'])} | "
         f"{r['minutes']:.1f} |" for r in table]) + "\n"
 
