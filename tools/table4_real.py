@@ -8,10 +8,13 @@ CPU preset `cpu_cifar10_asym40` (2,000 CIFAR-10 images, 40 % asymmetric noise), 
         --history bench/results/cpu_real_histories/table4/$v.json \\
         >> bench/results/cpu_real_histories/table4/results.jsonl
     done
-    python tools/table4_real.py bench/results/cpu_real_histories/table4 --out bench/results/table4_asym40
+    python tools/table4_real.py bench/results/cpu_real_histories/table4 --out bench/results/table4_asym40 \
+        [--reference 1=bench/results/cpu_real_histories/cpu_cifar10_asym40-preset4x-split ...]
 
-writes <out>.md (one row per variant beside the paper's CIFAR-10 column) and <out>.png
-(the encoder's weighted k-NN accuracy per epoch, one line per variant).
+writes <out>.md (one row per run beside the paper's CIFAR-10 column) and <out>.png (the
+encoder's weighted k-NN accuracy per epoch, one line per run). A label `table4-<variant>-seedN`
+is a run with `--set model.seed=N`; `--reference SEED=DIR` adds a Sel-CL run (T_G1_G2) of the
+DVC pipeline from its history CSVs (pretrain_history.csv, finetune_history.csv), dashed.
 """
 from __future__ import annotations
 
@@ -42,8 +45,8 @@ def _mean_last(values: list, n: int) -> float:
 
 
 def load(folder: Path) -> dict[str, dict]:
-    """{variant: {"result": its results.jsonl line, "history": its per-epoch history}};
-    the last line of a variant wins (a rerun replaces an earlier one)."""
+    """{name: {"result": its results.jsonl line, "history": its per-epoch history}}, name
+    `<variant>` or `<variant>-seedN`; the last line of a name wins (a rerun replaces it)."""
     runs = {}
     for line in (folder / "results.jsonl").read_text().splitlines():
         if line.strip():
@@ -53,6 +56,25 @@ def load(folder: Path) -> dict[str, dict]:
         path = folder / f"{v}.json"
         run["history"] = json.loads(path.read_text()) if path.exists() else None
     return runs
+
+
+def _csv(path: Path) -> list[dict]:
+    import csv
+    with open(path) as fh:
+        return [{k: float(v) if v not in ("", None) else None for k, v in row.items()} for row in csv.DictReader(fh)]
+
+
+def reference_row(seed: str, folder: Path, last: int = 5) -> dict:
+    """A Sel-CL (T_G1_G2) run of the DVC pipeline, from its history CSVs."""
+    pre, ft = _csv(folder / "pretrain_history.csv"), _csv(folder / "finetune_history.csv")
+    knn = [(int(e["epoch"]), e["knn_top1"]) for e in pre]
+    end = pre[-1]
+    return {"variant": f"T_G1_G2, DVC preset (model.seed {seed})", "examples": VARIANTS["T_G1_G2"][0],
+            "pairs": VARIANTS["T_G1_G2"][1], "pairs_right": end["precision_G"], "knn_last": end["knn_top1"],
+            "knn_mean_last": _mean_last([k for _, k in knn], last),
+            "selcl_plus": _mean_last([e["test_acc"] for e in ft], 5), "n_examples": end["n_selected"],
+            "examples_clean": end["precision_T"], "paper": None, "minutes": None, "knn_by_epoch": knn,
+            "reference": True}
 
 
 def same_label_pair_precision(run: dict) -> float | None:
@@ -83,14 +105,16 @@ def same_label_pair_precision(run: dict) -> float | None:
 
 def rows(runs: dict, paper: dict, last: int = 5) -> list[dict]:
     out = []
-    for v in VARIANTS:
-        if v not in runs:
-            continue
-        r, h = runs[v]["result"], runs[v]["history"]
+    order = {v: i for i, v in enumerate(VARIANTS)}
+    names = sorted((n for n in runs if n.split("-seed")[0] in VARIANTS),
+                   key=lambda n: (order[n.split("-seed")[0]], n))
+    for name in names:
+        v = name.split("-seed")[0]
+        r, h = runs[name]["result"], runs[name]["history"]
         epochs = [(e["epoch"], e.get("knn_top1")) for e in h["pretrain"]] if h else []
         knn = [k for _, k in epochs]
         n, noise = r["n_train"], r["realised_noise"]
-        pairs = {"all": same_label_pair_precision(runs[v]), "clean_all_pairs": same_label_pair_precision(runs[v]),
+        pairs = {"all": same_label_pair_precision(runs[name]), "clean_all_pairs": same_label_pair_precision(runs[name]),
                  "clean_assoc": 1.0, "clean_clean": 1.0, "T_G1_G2": r.get("precision_G")}.get(v)
         if v in ("T_G1", "T_G1_G2"):
             size, clean = r["n_T"], r["precision_T"]
@@ -98,11 +122,13 @@ def rows(runs: dict, paper: dict, last: int = 5) -> list[dict]:
             size, clean = round(n * (1 - noise)), 1.0
         else:
             size, clean = n, 1 - noise
-        out.append({"variant": v, "examples": VARIANTS[v][0], "pairs": VARIANTS[v][1],
+        seed = name.partition("-seed")[2]
+        out.append({"variant": v + (f" (model.seed {seed})" if seed else ""), "examples": VARIANTS[v][0],
+                    "pairs": VARIANTS[v][1],
                     "knn_last": r["knn_top1"], "knn_mean_last": _mean_last(knn, last) if knn else None,
                     "selcl_plus": r["selcl_plus_mean_last"], "n_examples": size, "examples_clean": clean,
                     "pairs_right": pairs,
-                    "paper": paper.get(v), "minutes": sum(r["seconds"].values()) / 60,
+                    "paper": paper.get(v) if not seed else None, "minutes": sum(r["seconds"].values()) / 60,
                     "knn_by_epoch": epochs})
     return out
 
@@ -117,8 +143,8 @@ def markdown(table: list[dict], last: int) -> str:
     return "\n".join(head + [
         f"| {r['variant']} | {r['examples']} | {r['pairs']} | {fmt(r['pairs_right'], '{:.3f}')} | "
         f"{fmt(r['knn_last'])} | {fmt(r['knn_mean_last'])} | "
-        f"{fmt(r['selcl_plus'])} | {r['n_examples']:,} / {r['examples_clean']:.3f} | {fmt(r['paper'])} | "
-        f"{r['minutes']:.1f} |" for r in table]) + "\n"
+        f"{fmt(r['selcl_plus'])} | {int(r['n_examples']):,} / {r['examples_clean']:.3f} | {fmt(r['paper'])} | "
+        f"{fmt(r['minutes'], '{:.1f}')} |" for r in table]) + "\n"
 
 
 def figure(table: list[dict], path: Path) -> None:
@@ -128,7 +154,8 @@ def figure(table: list[dict], path: Path) -> None:
     fig, ax = plt.subplots(figsize=(7, 4.2))
     for r in table:
         ep, ks = zip(*r["knn_by_epoch"]) if r["knn_by_epoch"] else ((), ())
-        ax.plot(ep, ks, label=r["variant"], lw=2.2 if r["variant"] == "T_G1_G2" else 1.2)
+        ax.plot(ep, ks, label=r["variant"], lw=1.0 if r.get("reference") else 1.4,
+                ls="--" if r.get("reference") else "-")
     ax.set_xlabel("global epoch (1 = Uns-CL warm-up)")
     ax.set_ylabel("weighted k-NN top-1 of the encoder (%)")
     ax.set_title("Table 4, small: cpu_cifar10_asym40 (2,000 images, 40 % asym)", fontsize=10)
@@ -144,9 +171,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("folder", type=Path, help="results.jsonl and <variant>.json histories")
     ap.add_argument("--out", type=Path, required=True, help="<out>.md and <out>.png")
     ap.add_argument("--last", type=int, default=5, help="epochs averaged for the k-NN column")
+    ap.add_argument("--reference", action="append", default=[], metavar="SEED=DIR",
+                    help="a DVC run of the preset (T_G1_G2): its history CSVs' folder")
     args = ap.parse_args(argv)
     tables = yaml.safe_load((ROOT / "references" / "paper_tables.yaml").read_text())
     table = rows(load(args.folder), tables["selected_sets_knn"]["cifar10"], args.last)
+    for ref in args.reference:
+        seed, _, folder = ref.partition("=")
+        table.append(reference_row(seed, Path(folder), args.last))
+    order = list(VARIANTS)
+    table.sort(key=lambda r: order.index(r["variant"].split(" ")[0].rstrip(",")))    # stable: runs, then references
     if not table:
         print(f"no runs in {args.folder}", file=sys.stderr)
         return 1
