@@ -175,10 +175,11 @@ def main(argv: list[str] | None = None) -> int:
                     help="a DVC run of the preset (T_G1_G2): its history CSVs' folder")
     args = ap.parse_args(argv)
     tables = yaml.safe_load((ROOT / "references" / "paper_tables.yaml").read_text())
-    table = rows(load(args.folder), tables["selected_sets_knn"]["cifar10"], args.last)
-    for ref in args.reference:
+    paper = tables["selected_sets_knn"]["cifar10"]
+    table = rows(load(args.folder), paper, args.last)
+    for i, ref in enumerate(args.reference):
         seed, _, folder = ref.partition("=")
-        table.append(reference_row(seed, Path(folder), args.last))
+        table.append({**reference_row(seed, Path(folder), args.last), "paper": paper["T_G1_G2"] if i == 0 else None})
     order = list(VARIANTS)
     table.sort(key=lambda r: order.index(r["variant"].split(" ")[0].rstrip(",")))    # stable: runs, then references
     if not table:
