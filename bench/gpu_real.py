@@ -87,9 +87,10 @@ def main() -> None:
     if args.subset:   # the paper's shares of the training set (20,000, 10,000, 250 and 200 of 50,000)
         B, C = cfg["pretrain"]["batch_size"], len(ds.classes)    # the memory holds at least one step's 2B
         cfg["pretrain"]["queue_per_class"] = max(-(-B // C), round(cfg["pretrain"]["queue_per_class"] * n / 50_000))
-        cfg["warmup"]["queue_size"] = max(cfg["pretrain"]["batch_size"], round(cfg["warmup"]["queue_size"] * n / 50_000))
+        cfg["warmup"]["queue_size"] = max(B, round(cfg["warmup"]["queue_size"] * n / 50_000))
         for section in ("pretrain", "evaluate"):
             cfg[section]["k"] = max(5, round(cfg[section]["k"] * n / 50_000))
+    steps = n // cfg["pretrain"]["batch_size"]       # Sel-CL steps per epoch
     P, F = args.epochs, args.finetune_epochs
     E = args.ce_epochs or P + F
     cfg["pretrain"].update(epochs=P, lr_warmup_epochs=min(2, P - 1),
@@ -108,8 +109,7 @@ def main() -> None:
             f"per class, MoCo queue {cfg['warmup']['queue_size']}, K {cfg['pretrain']['k']}, "
             f"k-NN eval k {cfg['evaluate']['k']}", ""]
     if args.profile_steps and args.part == "selcl":
-        steps_per_epoch = len(ds.y_train) // cfg["pretrain"]["batch_size"]
-        StepProfiler(args.profile_steps, steps_per_epoch + min(20, steps_per_epoch // 4),
+        StepProfiler(args.profile_steps, steps + min(20, steps // 4),
                      out.with_name(out.stem + "_profile.txt"), device).install()
     t0 = time.perf_counter()
     # Histories are rewritten after every epoch, so a run stopped at the GPU's time limit
@@ -148,7 +148,6 @@ def main() -> None:
     # A subset's epochs are shorter; the full run is projected from the step (390 steps and
     # 50,000 images per epoch), selection and fine-tuning scaled by the images; the warm-up
     # epoch as measured (mostly compilation).
-    steps = n // cfg["pretrain"]["batch_size"]
     full = 50_000 / n
     projected = (t_warm + 249 * (steady * 390 / steps + other * full) + 70 * t_ft * full) / 60
     last = pre["history"][-1]

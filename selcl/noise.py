@@ -150,8 +150,6 @@ def _authors_noise(y: np.ndarray, C: int, kind: str, r: float, seed: int, t: np.
         if include_true_class:
             noisy[idx] = rs.randint(C, size=len(idx), dtype=np.int32)
             return noisy
-        if C < 2:
-            raise NoiseError("sym noise without the true class needs num_classes ≥ 2")
         for i in idx:                                   # rejection: a data-dependent draw count
             label = rs.randint(C, dtype=np.int32)
             while label == y[i]:
@@ -217,6 +215,8 @@ def make_noisy_labels(clean, num_classes: int, kind: str, rate: float, seed: int
     if kind == "file":
         return read_label_file(file, N, C, file_key)
 
+    if kind == "sym" and not include_true_class and C < 2:
+        raise NoiseError("sym noise without the true class needs num_classes ≥ 2")
     t = asymmetric_map(dataset, C) if kind == "asym" else None
     if generator == "authors":
         return _authors_noise(y, C, kind, r, seed, t, include_true_class, cifar10=_norm_name(dataset) == "cifar10")
@@ -227,8 +227,6 @@ def make_noisy_labels(clean, num_classes: int, kind: str, rate: float, seed: int
         if include_true_class:
             noisy[idx] = rng.integers(0, C, size=len(idx))     # uniform over all C classes
         else:
-            if C < 2:
-                raise NoiseError("sym noise without the true class needs num_classes ≥ 2")
             d = rng.integers(0, C - 1, size=len(idx))          # uniform over the C−1 others:
             noisy[idx] = d + (d >= y[idx])                     # skip over the true class
         return noisy

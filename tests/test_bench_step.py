@@ -14,7 +14,6 @@ import step as bench_step  # noqa: E402
 from selcl.train import make_pretrainer  # noqa: E402
 
 
-
 def _tiny_pretrainer(dev):
     cfg = bench_step.bench_config("small", 16)
     cfg["model"]["width"] = 8                  # half the CPU presets' width: a faster test

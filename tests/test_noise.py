@@ -356,6 +356,12 @@ def test_authors_cifar10_asym_draws_nothing_below_one_flip():
                               _AuthorsDataset(y100, 100, 0.004, seed).asymmetric("cifar100"))
 
 
+@pytest.mark.parametrize("generator", ["pcg64", "authors"])
+def test_sym_without_the_true_class_needs_two_classes(generator):
+    with pytest.raises(NoiseError, match="num_classes ≥ 2"):
+        make_noisy_labels(np.zeros(5, dtype=np.int64), 1, "sym", 0.4, 0, include_true_class=False, generator=generator)
+
+
 def test_authors_sym_truncates_like_int():
     """The authors redraw int(N·r) labels: 0.29·100 = 28.999… gives 28 there (29 with
     `floor_count`, the pcg64 path's exact ⌊r·N⌋)."""

@@ -58,15 +58,10 @@ def load(folder: Path) -> dict[str, dict]:
     return runs
 
 
-def _csv(path: Path) -> list[dict]:
-    import csv
-    with open(path) as fh:
-        return [{k: float(v) if v not in ("", None) else None for k, v in row.items()} for row in csv.DictReader(fh)]
-
-
 def reference_row(seed: str, folder: Path, last: int = 5) -> dict:
     """A Sel-CL (T_G1_G2) run of the DVC pipeline, from its history CSVs."""
-    pre, ft = _csv(folder / "pretrain_history.csv"), _csv(folder / "finetune_history.csv")
+    from crossover import _csv          # tools/crossover.py: a history CSV's rows, numbers as floats
+    pre, ft = _csv((folder / "pretrain_history.csv").read_text()), _csv((folder / "finetune_history.csv").read_text())
     knn = [(int(e["epoch"]), e["knn_top1"]) for e in pre]
     end = pre[-1]
     return {"variant": f"T_G1_G2, DVC preset (model.seed {seed})", "examples": VARIANTS["T_G1_G2"][0],
@@ -114,8 +109,10 @@ def rows(runs: dict, paper: dict, last: int = 5) -> list[dict]:
         epochs = [(e["epoch"], e.get("knn_top1")) for e in h["pretrain"]] if h else []
         knn = [k for _, k in epochs]
         n, noise = r["n_train"], r["realised_noise"]
-        pairs = {"all": same_label_pair_precision(runs[name]), "clean_all_pairs": same_label_pair_precision(runs[name]),
-                 "clean_assoc": 1.0, "clean_clean": 1.0, "T_G1_G2": r.get("precision_G")}.get(v)
+        if v in ("all", "clean_all_pairs"):           # every same-noisy-label pair
+            pairs = same_label_pair_precision(runs[name])
+        else:
+            pairs = {"clean_assoc": 1.0, "clean_clean": 1.0, "T_G1_G2": r.get("precision_G")}.get(v)
         if v in ("T_G1", "T_G1_G2"):
             size, clean = r["n_T"], r["precision_T"]
         elif v.startswith("clean_") and v != "clean_clean":
