@@ -159,8 +159,8 @@ def _views(x_uint8, g, data, strong: bool = True, n: int = 1):
 
 
 def _batches(n: int, batch_size: int, g: torch.Generator, device):
-    """Shuffled global index batches, last incomplete batch dropped (as the authors'
-    loaders). Under DDP `g` is the order generator, seeded alike on every rank, and
+    """Shuffled global index batches, the last incomplete batch dropped (the authors'
+    loaders keep it: README "Smaller differences"). Under DDP `g` is the order generator, seeded alike on every rank, and
     each rank keeps its shard (`dist.shard`) of every batch."""
     perm = torch.randperm(n, generator=g, device=device)
     for start in range(0, n - batch_size + 1, batch_size):
@@ -443,27 +443,31 @@ class Pretrainer:
         0.25 (as `clip_grad_norm_`; SPEC §10.2.6). autograd.grad, not backward: the DDP
         reducer sees only the main backward. `retain`: the graph is back-propagated again."""
         g = torch.autograd.grad(sim, self.params, retain_graph=retain, allow_unused=True)
+        unused = [gi is None for gi in g]     # the same on every rank: one graph, one model
         g = [torch.zeros_like(p) if gi is None else gi for p, gi in zip(self.params, g)]
         dist.average_(g)
         norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(gi) for gi in g]))
         # Out of place: with the L_SIM recompute these gradients are outputs of a CUDA-graphed
         # backward, whose memory the next graph generation (the main pass) reuses (seen on an
         # H200); the scaled copies are ours. Same arithmetic as the in-place product.
-        return torch._foreach_mul(g, torch.clamp(SIM_MAX_NORM / (norm + 1e-6), max=1.0))
+        g = torch._foreach_mul(g, torch.clamp(SIM_MAX_NORM / (norm + 1e-6), max=1.0))
+        return [None if u else gi for u, gi in zip(unused, g)]
 
     def _apply(self, loss: torch.Tensor, g_sim: list | None = None) -> None:
         """One SGD step: the gradient of `loss` plus `g_sim` (L_SIM's clipped gradient,
         `_clipped_sim_grad`), then the EMA update."""
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
-        for p in self.params:
-            # A parameter this loss does not reach (the classifier in the Uns-CL warm-up) gets a
-            # zero gradient, not none: as in the authors' loop (zero_grad zeroed), it still
-            # takes weight decay and keeps a momentum buffer (fused SGD needs every one).
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
         if g_sim is not None:
-            torch._foreach_add_([p.grad for p in self.params], g_sim)
+            both = [(p.grad, g) for p, g in zip(self.params, g_sim) if p.grad is not None and g is not None]
+            if both:
+                torch._foreach_add_(*map(list, zip(*both)))
+            for p, g in zip(self.params, g_sim):
+                if p.grad is None and g is not None:
+                    p.grad = g
+        # A parameter neither loss reaches (the classifier in the Uns-CL warm-up) keeps no
+        # gradient, and SGD skips it: no weight decay, no momentum buffer, as in the authors'
+        # loop, where zero_grad leaves a missing gradient missing.
         self.opt.step()
         self.ema.update(self.model)
 
@@ -621,6 +625,8 @@ def _train_classifier(model, data: TrainData, idx_pool: torch.Tensor, tc: dict, 
                     _, logits = net(v)
                 loss = F.cross_entropy(logits.float(), y)
             else:
+                # λ ~ Beta(α, α). The authors fold it to max(λ, 1−λ): (1−λ, π) mixes the batch
+                # of (λ, π⁻¹) in another row order, so the loss has the same distribution.
                 lam = float(np_rng.beta(mixup_alpha, mixup_alpha))
                 perm = torch.randperm(len(idx), generator=g, device=device)
                 with autocast(device):
