@@ -7,7 +7,8 @@ PreAct net for CPU runs, the two heads, and the EMA ("momentum") copy.
                                                      → L2-normalise               → z (‖z‖=1)
 
 Layout follows the authors' `preact_resnet.py` and SPEC §2: a 3×3 conv stem
-followed by BN-ReLU, four stages (strides 1/2/2/2), global average pool. There is
+followed by BN-ReLU, four stages (strides 1/2/2/2), global average pool; every
+block's shortcut, identity included, carries the block's pre-activated input. There is
 no extra BN-ReLU after the last pre-activation stage (SPEC §2 puts the BN-ReLU
 after the stem; the authors' network does the same). Convolutions get
 Kaiming-normal (fan_out, ReLU) init, BatchNorm γ=1 β=0, Linear layers PyTorch's
@@ -99,10 +100,12 @@ def _conv3x3(cin: int, cout: int, stride: int = 1) -> nn.Conv2d:
 
 
 class PreActBlock(nn.Module):
-    """Pre-activation basic block (He et al. 2016b): BN-ReLU-conv-BN-ReLU-conv + shortcut.
+    """Pre-activation basic block: a = ReLU(BN(x)); out = conv(ReLU(BN(conv(a)))) + shortcut(a).
 
-    The projection shortcut (1×1 conv, no BN) reads the pre-activated input, as in
-    the authors' code. x [B, cin, H, W] → [B, cout, H/stride, W/stride].
+    Both shortcuts read the pre-activated input a, as in the authors' `preact_resnet.py`
+    (whose identity shortcut is an empty nn.Sequential applied to a): the identity
+    shortcut adds a, not x as in He et al. 2016b / kuangliu's block. The projection
+    shortcut is a 1×1 conv without BN. x [B, cin, H, W] → [B, cout, H/stride, W/stride].
     """
 
     def __init__(self, cin: int, cout: int, stride: int = 1):
@@ -115,8 +118,8 @@ class PreActBlock(nn.Module):
                          if stride != 1 or cin != cout else None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = F.relu(self.bn1(x))
-        short = self.shortcut(out) if self.shortcut is not None else x
+        out = F.relu(self.bn1(x))                          # a
+        short = self.shortcut(out) if self.shortcut is not None else out
         out = self.conv1(out)
         out = self.conv2(F.relu(self.bn2(out)))
         return out + short

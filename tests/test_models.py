@@ -48,6 +48,30 @@ def test_preact_resnet18_shapes_and_size(preact):
     assert len(blocks) == 8
 
 
+def test_preact_block_adds_the_pre_activated_input():
+    """The authors' block, written out from its parameters: a = ReLU(BN1(x)),
+    out = conv2(ReLU(BN2(conv1(a)))) + (a | conv1×1(a)). The identity shortcut adds a, not x."""
+    import torch.nn.functional as F
+    for cin, cout, stride in ((8, 8, 1), (8, 16, 2)):
+        blk = M.PreActBlock(cin, cout, stride)
+        M.init_weights(blk, gen(7))
+        with torch.no_grad():                      # BN affine away from (1, 0): a ≠ x for sure
+            for bn in (blk.bn1, blk.bn2):
+                bn.weight.uniform_(0.5, 1.5, generator=gen(8)); bn.bias.uniform_(-0.5, 0.5, generator=gen(9))
+        x = torch.randn(4, cin, 6, 6, generator=gen(10))
+
+        def bn(m, t):
+            return F.batch_norm(t, None, None, m.weight, m.bias, training=True, eps=m.eps)
+        a = F.relu(bn(blk.bn1, x))
+        branch = F.conv2d(F.relu(bn(blk.bn2, F.conv2d(a, blk.conv1.weight, stride=stride, padding=1))),
+                          blk.conv2.weight, padding=1)
+        short = a if blk.shortcut is None else F.conv2d(a, blk.shortcut.weight, stride=stride)
+        blk.train()
+        torch.testing.assert_close(blk(x), branch + short)
+        if blk.shortcut is None:                   # the two readings differ: the test can tell
+            assert not torch.allclose(blk(x), branch + x)
+
+
 def test_resnet18_webvision_layout():
     m = M.build_model("resnet18", 50, generator=gen(0))
     assert not any(isinstance(x, nn.MaxPool2d) for x in m.modules())
