@@ -107,8 +107,10 @@ def test_uns_cl_warmup_fills_queue_and_memory():
     out = tr.uns_step(data, idx)
     assert len(tr.queue) == B and len(tr.memory) == 2 * B and torch.equal(tr.memory.ids, torch.cat([idx, idx]))
     assert set(out) == {"loss"} and torch.isfinite(out["loss"])
-    # every parameter took a step (the classifier too: zero gradient + weight decay / momentum state)
-    assert all(p.grad is not None for p in tr.model.parameters())
+    # the encoder and the projection head took a step; the classifier, which no warm-up loss
+    # reaches, has no gradient, so SGD leaves it alone (the authors' loop; tests/test_loops.py)
+    missing = {n for n, p in tr.model.named_parameters() if p.grad is None}
+    assert missing == {"classifier.weight", "classifier.bias"}, missing
 
 
 @pytest.mark.parametrize("read_memory", [False, True])
