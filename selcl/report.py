@@ -203,19 +203,19 @@ def paper_config(tables: dict, cfg: dict) -> dict | None:
     return ref
 
 
-def deviations(tables: dict, cfg: dict) -> list[str] | None:
-    """Every key in which `cfg` differs from the paper's configuration, as "section.key = ours
-    (paper: x)"; None where the paper has no configuration for it (not CIFAR). A noise rate
+def deviations(tables: dict, cfg: dict) -> dict[str, str] | None:
+    """Every key in which `cfg` differs from the paper's configuration, {"section.key": "ours
+    (paper: x)"}; None where the paper has no configuration for it (not CIFAR). A noise rate
     between two table columns counts too: the lookup would round it to one of them."""
     ref = paper_config(tables, cfg)
     if ref is None:
         return None
-    out = [f"{section}.{key} = {cfg[section][key]!r} (paper: {want!r})"
+    out = {f"{section}.{key}": f"{cfg[section][key]!r} (paper: {want!r})"
            for section, values in ref.items() for key, want in values.items()
-           if not _same(cfg[section][key], want)]
+           if not _same(cfg[section][key], want)}
     rate = cfg["noise"]["rate"] * 100
     if cfg["noise"]["kind"] in ("sym", "asym") and abs(rate - round(rate)) > 1e-6:
-        out.append(f"noise.rate = {cfg['noise']['rate']!r} (the paper's rates are whole percents)")
+        out["noise.rate"] = f"{cfg['noise']['rate']!r} (the paper's rates are whole percents)"
     return out
 
 
@@ -227,9 +227,9 @@ def _same(a, b) -> bool:
     return a == b
 
 
-def _only(devs: list[str] | None, keys: set[str]) -> bool:
+def _only(devs: dict[str, str] | None, keys: set[str]) -> bool:
     """True when `devs` (deviations) touch nothing outside `keys` ("section.key")."""
-    return devs is not None and all(d.split(" = ")[0] in keys for d in devs)
+    return devs is not None and set(devs) <= keys
 
 
 def _paper_fmt(v) -> str:
@@ -334,7 +334,7 @@ def accuracy_plot_rows(ft: list[dict], bl: list[dict], budget: dict) -> list[dic
     return [{"epoch": e, "Sel-CL+": sel.get(e, ""), "CE": ce.get(e, "")} for e in epochs]
 
 
-def _variant_rows(name: str, cfg: dict, tables: dict, ours: dict, devs: list[str] | None) -> dict[str, list[str]]:
+def _variant_rows(name: str, cfg: dict, tables: dict, ours: dict, devs: dict[str, str] | None) -> dict[str, list[str]]:
     """Rows of Tables 4, 6, 7 and the supplement's sensitivity table for a CIFAR setting.
     A row's paper cell is shown only where the run differs from the paper's configuration
     (`devs`) in that table's own switches alone; otherwise it names what else differs."""
@@ -347,8 +347,7 @@ def _variant_rows(name: str, cfg: dict, tables: dict, ours: dict, devs: list[str
     def cell(paper, allowed: set[str]) -> str:
         if _only(devs, allowed):
             return _paper_fmt(paper)
-        others = [d.split(" = ")[0] for d in devs if d.split(" = ")[0] not in allowed]
-        return "— (also differs: " + ", ".join(others) + ")"
+        return "— (also differs: " + ", ".join(k for k in devs if k not in allowed) + ")"
 
     if key == "asym40":
         paper = tables.get("selected_sets_knn", {}).get(ds, {}).get(pc["selected_sets"])
@@ -379,7 +378,7 @@ def _variant_rows(name: str, cfg: dict, tables: dict, ours: dict, devs: list[str
     swept = {"pretrain.alpha": (sens.get(key, {}), "alpha"), "pretrain.beta": (sens.get(key, {}), "beta")}
     if key == "sym20":
         swept["pretrain.lambda_sim"] = (sens.get("lambda_s_sym20", {}), "acc")
-    changed = [d.split(" = ")[0] for d in devs]
+    changed = list(devs)
     if key in sens and len(changed) == 1 and changed[0] in swept:
         column, field = swept[changed[0]]
         value = pc[changed[0].split(".")[1]]
@@ -420,7 +419,7 @@ def build_report(run: list[str], configs: dict[str, dict], runs_dir: Path, table
         verdict = reproduced(ours, paper.get("selcl_plus"))
         if devs:                   # not the paper's configuration: no Δ, no verdict, not counted
             diff, verdict = None, "not comparable (differs, see below)" if verdict != "—" else "—"
-            differences.append(f"* **{name}**: " + "; ".join(devs) + ".")
+            differences.append(f"* **{name}**: " + "; ".join(f"{k} = {v}" for k, v in devs.items()) + ".")
         elif devs is None:
             differences.append(f"* {name}: {cfg['data']['dataset']}, not a setting of the paper's "
                                "CIFAR tables: no published number is compared.")

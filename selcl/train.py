@@ -459,12 +459,16 @@ class Pretrainer:
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
         if g_sim is not None:
-            both = [(p.grad, g) for p, g in zip(self.params, g_sim) if p.grad is not None and g is not None]
-            if both:
-                torch._foreach_add_(*map(list, zip(*both)))
+            grads, adds = [], []
             for p, g in zip(self.params, g_sim):
-                if p.grad is None and g is not None:
-                    p.grad = g
+                if g is None:
+                    continue
+                if p.grad is None:
+                    p.grad = g                 # reached by L_SIM alone (ours: out of place)
+                else:
+                    grads.append(p.grad); adds.append(g)
+            if grads:
+                torch._foreach_add_(grads, adds)   # one fused kernel for ∇L + clipped ∇L_SIM
         # A parameter neither loss reaches (the classifier in the Uns-CL warm-up) keeps no
         # gradient, and SGD skips it: no weight decay, no momentum buffer, as in the authors'
         # loop, where zero_grad leaves a missing gradient missing.

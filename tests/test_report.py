@@ -107,7 +107,7 @@ def test_paper_suite_has_the_paper_configuration_and_every_param_is_classified()
     tables = load_tables(ROOT / "references" / "paper_tables.yaml")
     for name in params["suites"]["paper"]:
         cfg = resolve(params, name)
-        assert deviations(tables, cfg) == [], name
+        assert deviations(tables, cfg) == {}, name
     for name in params["suites"]["demo"] + params["suites"]["cpu_real"] + ["webvision50"]:
         assert deviations(tables, resolve(params, name)) is None, name
     cfg = resolve(params, "cifar10_sym20")
