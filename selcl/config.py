@@ -58,6 +58,7 @@ def _scale_range(v):
 
 OPT_STR = (str, type(None))
 OPT_INT = (int, type(None))
+OPT_FLOAT = (float, type(None))
 
 # section -> key -> (allowed types, check or None)
 SCHEMA: dict[str, dict[str, tuple]] = {
@@ -111,7 +112,8 @@ SCHEMA: dict[str, dict[str, tuple]] = {
     "baseline": {
         "enabled": (bool, None), "epochs": (int, _pos), "batch_size": (int, _pos), "lr": (float, _posf),
         "lr_decay_epochs": (list, _int_list), "lr_decay": (float, _posf), "momentum": (float, _unit),
-        "weight_decay": (float, _nonneg), "eval_last": (int, _pos), "checkpoint_every": (int, _pos),
+        "weight_decay": (float, _nonneg), "mixup_alpha": (OPT_FLOAT, lambda v: v is None or _posf(v)),
+        "eval_last": (int, _pos), "checkpoint_every": (int, _pos),
     },
 }
 TOP_KEYS = ("run", "suites", "defaults", "settings")

@@ -58,6 +58,7 @@ def paper_numbers(tables: dict, cfg: dict) -> dict:
     if ds in ("cifar10", "cifar100") and kind in ("sym", "asym"):
         out["selcl_plus"] = tables["test_accuracy"]["Sel-CL+"].get(ds, {}).get(kind, {}).get(rate)
         out["ce"] = tables["test_accuracy"]["Cross-Entropy"].get(ds, {}).get(kind, {}).get(rate)
+        out["mixup"] = tables["test_accuracy"]["Mixup"].get(ds, {}).get(kind, {}).get(rate)
     if ds == "cifar100":
         knn = tables["knn_cifar100"]["Sel-CL"]
         out["knn"] = knn["clean"] if kind == "none" else knn.get(kind, {}).get(rate)
@@ -107,7 +108,7 @@ def _plot_accuracy(name: str, ft: list[dict], bl: list[dict], budget: dict, path
     w, p = budget["warmup"], budget["pretrain"]
     for ax, hist, label, xlabel in (
             (axes[0], ft, "Sel-CL+", f"fine-tuning epoch (after {w} warm-up + {p} pre-training epochs)"),
-            (axes[1], bl, "CE baseline", "CE epoch (from scratch)")):
+            (axes[1], bl, f"{budget.get('baseline', 'CE')} baseline", "baseline epoch (from scratch)")):
         if hist:
             ax.plot([h["epoch"] for h in hist], [h["test_acc"] for h in hist], label=label)
         ax.set_title(f"{label}: {len(hist)} epochs", fontsize=10)
@@ -240,12 +241,19 @@ def _paper_fmt(v) -> str:
     return f"{v:.{max(1, len(text.split('.')[1]))}f}"
 
 
+def baseline_name(cfg: dict) -> str:
+    """Which baseline a setting trains: "CE", or "mixup α=…" (`baseline.mixup_alpha`)."""
+    a = cfg["baseline"].get("mixup_alpha")
+    return "CE" if a is None else f"mixup α={a:g}"
+
+
 def budget_of(cfg: dict) -> dict:
     """Epochs each method trained: Sel-CL+ = warm-up + pre-training + fine-tuning; CE alone.
     `pretrain.epochs` counts the warm-up's (SPEC §10.3): pre-training proper is the rest."""
     return {"warmup": cfg["warmup"]["epochs"], "pretrain": cfg["pretrain"]["epochs"] - cfg["warmup"]["epochs"],
             "finetune": cfg["finetune"]["epochs"],
-            "ce": cfg["baseline"]["epochs"] if cfg["baseline"]["enabled"] else None}
+            "ce": cfg["baseline"]["epochs"] if cfg["baseline"]["enabled"] else None,
+            "baseline": baseline_name(cfg)}
 
 
 def _budget_text(b: dict) -> str:
@@ -413,6 +421,10 @@ def build_report(run: list[str], configs: dict[str, dict], runs_dir: Path, table
         paper = paper_numbers(tables, cfg)
         ours = ft.get("test_acc_mean_last")
         ce = bl.get("test_acc_mean_last") if bl.get("enabled", True) else None
+        # the baseline that ran, and the paper's row for it (Cross-Entropy or Mixup)
+        tag = "" if budget["baseline"] == "CE" or ce is None else f" ({budget['baseline']})"
+        paper_bl = paper.get("ce") if budget["baseline"] == "CE" else paper.get("mixup")
+        paper_bl_cell = _paper_fmt(paper_bl) + ("" if budget["baseline"] == "CE" or paper_bl is None else " (Mixup)")
         devs = deviations(tables, cfg)
         known = _clean_labels_known(cfg)
         diff = ours - paper["selcl_plus"] if ours is not None and paper.get("selcl_plus") is not None else None
@@ -429,8 +441,8 @@ def build_report(run: list[str], configs: dict[str, dict], runs_dir: Path, table
         noise_cell = noise_text(cfg, realised) if known else "none (the labels as given)"
         rows.append(f"| {name} | {cfg['data']['dataset']} | {noise_cell} | "
                     f"{_budget_text(budget)} | **{_fmt(ours)}** | {_fmt(ft.get('test_acc_last'))} | "
-                    f"{_fmt(ce)} | {_fmt(bl.get('test_acc_best'))} | {_paper_fmt(paper.get('selcl_plus'))} | "
-                    f"{'—' if diff is None else f'{round(diff, 2):+.2f}'} | {verdict} | {_paper_fmt(paper.get('ce'))} |")
+                    f"{_fmt(ce)}{tag} | {_fmt(bl.get('test_acc_best'))} | {_paper_fmt(paper.get('selcl_plus'))} | "
+                    f"{'—' if diff is None else f'{round(diff, 2):+.2f}'} | {verdict} | {paper_bl_cell} |")
         clean = None
         if (d / "labels.npz").exists():
             with np.load(d / "labels.npz") as f:
@@ -460,7 +472,7 @@ def build_report(run: list[str], configs: dict[str, dict], runs_dir: Path, table
         _plot_learning(name, hist, ft_hist, bl_hist, budget, fig_dir / f"{name}_learning.png")
         _write_csv(plots_dir / "accuracy" / f"{name}.csv", accuracy_plot_rows(ft_hist, bl_hist, budget))
         section = [f"### {name}", "", f"Budget: Sel-CL+ {budget['warmup']} warm-up + {budget['pretrain']} "
-                   f"pre-training + {budget['finetune']} fine-tuning epochs; CE "
+                   f"pre-training + {budget['finetune']} fine-tuning epochs; {budget['baseline']} baseline "
                    f"{'not run' if budget['ce'] is None else str(budget['ce']) + ' epochs'}.", "",
                    f"![learning process]({'figures/' + name + '_learning.png'})", ""]
         if ft_hist or bl_hist:
@@ -491,16 +503,19 @@ def build_report(run: list[str], configs: dict[str, dict], runs_dir: Path, table
           "`references/paper_tables.yaml` (Li et al., CVPR 2022). Accuracies in percent.", "",
           "## Test accuracy (paper Table 3)", "",
           "Sel-CL+ = mean test accuracy over the last `finetune.eval_last` epochs, as the paper; "
-          "*final* = last epoch. CE = our cross-entropy baseline on the same labels, network and weak "
-          "augmentation, trained from scratch; *CE best* = its best epoch (with noisy labels CE peaks, "
-          "then memorises the noise). *Budget* = epochs of warm-up + pre-training + fine-tuning = "
-          "Sel-CL+'s total / CE epochs; the paper trains 1 + 249 + 70 epochs (250 in all, then 70) (and CE 200 or more). "
+          "*final* = last epoch. *Baseline* = our cross-entropy (CE) on the same labels, network and weak "
+          "augmentation, trained from scratch, beside the paper's Cross-Entropy row; where "
+          "`baseline.mixup_alpha` is set it is mixup CE instead, marked in its cell and beside the paper's "
+          "Mixup row (the metrics `ce` and `ce_best` hold whichever ran). *Baseline best* = its best "
+          "epoch (with noisy labels CE peaks, then memorises the noise). *Budget* = epochs of warm-up + "
+          "pre-training + fine-tuning = Sel-CL+'s total / baseline epochs; the paper trains 1 + 249 + 70 "
+          "epochs (250 in all, then 70) (and CE 200 or more). "
           "*Reproduced*: within ±1 point of the paper's Sel-CL+, given only where the run has the "
           "paper's configuration (SPEC; the authors' scripts) in every param that changes the "
           "method, budget included; a run that differs in any is *not comparable*, and the list "
           "below says where it differs.", "",
-          "| setting | dataset | noise | budget (epochs) | Sel-CL+ | final | CE (ours) | CE best | "
-          "Sel-CL+ (paper) | Δ vs paper | reproduced | CE (paper) |",
+          "| setting | dataset | noise | budget (epochs) | Sel-CL+ | final | baseline (ours) | baseline best | "
+          "Sel-CL+ (paper) | Δ vs paper | reproduced | baseline (paper) |",
           "|---|---|---|---|---|---|---|---|---|---|---|---|", *rows, "",
           "## Differences from the paper's configuration", "",
           "Params (beyond the seeds, the noise generator, where the data lives and our CE baseline) "
@@ -543,9 +558,9 @@ def build_report(run: list[str], configs: dict[str, dict], runs_dir: Path, table
                "|---|---|---|---|---|---|", *variants["S"], ""]
     md += ["## Learning process (paper Fig. 3), test accuracy, noise, embeddings", "",
            "Fig. 3 panels by pre-training epoch. Test accuracy: Sel-CL+ by fine-tuning epoch (after its "
-           "warm-up and pre-training) and CE by epoch from scratch, on separate axes. "
-           "`dvc plots show` draws the same curves (Sel-CL+ and CE on one axis of training epochs "
-           "since the start).", "", *figs]
+           "warm-up and pre-training) and the baseline by epoch from scratch, on separate axes. "
+           "`dvc plots show` draws the same curves (Sel-CL+ and the baseline, column `CE` whichever "
+           "baseline ran, on one axis of training epochs since the start).", "", *figs]
     if envs:
         md += ["## Environment", "", "| setting | device | torch | CUDA | faiss |", "|---|---|---|---|---|"]
         md += [f"| {n} | {e.get('gpu', e.get('device'))} | {e.get('torch')} | {e.get('cuda')} | {e.get('faiss')} |"

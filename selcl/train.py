@@ -695,13 +695,14 @@ def finetune(cfg: dict, data: TrainData, pre: dict, device, ckpt: Checkpointer, 
 
 
 def baseline(cfg: dict, data: TrainData, device, ckpt: Checkpointer, on_epoch=None):
-    """Standard cross-entropy on all noisy labels, same network and weak augmentation."""
+    """Standard cross-entropy on all noisy labels, same network and weak augmentation;
+    with `baseline.mixup_alpha` set, mixup cross-entropy instead (the paper's "Mixup" row)."""
     bc = cfg["baseline"]
     model = make_model(cfg["model"], data.num_classes, device)
     tc = dict(bc, lr_warmup_epochs=0)
     everyone = torch.arange(data.n, device=device)
     history = _train_classifier(model, data, everyone, tc, device, ckpt, desc="CE baseline",
-                                seed=cfg["model"]["seed"] * 1000 + 4, mixup_alpha=None, on_epoch=on_epoch)
+                                seed=cfg["model"]["seed"] * 1000 + 4, mixup_alpha=bc["mixup_alpha"], on_epoch=on_epoch)
     return {"model": model.state_dict(), "history": history}
 
 

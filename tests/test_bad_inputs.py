@@ -179,6 +179,8 @@ CASES = [
          setv(f"{S}.pretrain.lr_decay_epochs", [3, -1])),
     Case("finetune_eval_last_gt_epochs", "finetune", (f"{S}.finetune.eval_last",),
          setv(f"{S}.finetune.eval_last", 5)),
+    Case("baseline_mixup_alpha_zero", "baseline", (f"{S}.baseline.mixup_alpha", "> 0"),
+         setv(f"{S}.baseline.mixup_alpha", 0)),
     Case("baseline_eval_last_gt_epochs", "baseline", (f"{S}.baseline.eval_last",),
          setv(f"{S}.baseline.eval_last", 3)),
     Case("blocks_empty", "warmup", (f"{S}.model.blocks",), setv(f"{S}.model.blocks", [])),

@@ -84,3 +84,26 @@ def test_finetune_bootstraps_after_bootstrap_start_from_a_train_mode_forward(tmp
     assert forwards.count((True, False)) == epochs * iters          # the bootstrapping target
     assert (False, False) in forwards                               # test accuracy, eval mode
     assert (False, True) not in forwards
+
+
+def test_baseline_is_plain_ce_unless_mixup_alpha_is_set(tmp_path, monkeypatch):
+    """`baseline.mixup_alpha`: null trains plain CE on clean views (the paper's
+    Cross-Entropy row); a number trains mixup CE with λ ~ Beta(α, α) (its Mixup row)."""
+    torch.set_num_threads(2)
+    data = digits_data(_cfg()["noise"], n=128, n_test=32)
+    iters = data.n // 32
+    calls = []
+    real_ce = losses.mixup_cross_entropy
+    monkeypatch.setattr(losses, "mixup_cross_entropy", lambda *a, **k: calls.append(a[3]) or real_ce(*a, **k))
+    histories = {}
+    for alpha in (None, 1.0):
+        cfg = _cfg()
+        cfg["baseline"].update(epochs=2, batch_size=32, lr_decay_epochs=[], eval_last=1, mixup_alpha=alpha)
+        calls.clear()
+        histories[alpha] = loops.baseline(cfg, data, CPU, _ck(tmp_path, f"baseline{alpha}"))["history"]
+        if alpha is None:
+            assert calls == []
+        else:
+            assert len(calls) == 2 * iters and all(0 <= lam <= 1 for lam in calls)
+            assert len(set(calls)) > 1                       # a fresh λ every iteration
+    assert histories[None][-1]["loss"] != histories[1.0][-1]["loss"]
