@@ -64,7 +64,8 @@ OPT_FLOAT = (float, type(None))
 SCHEMA: dict[str, dict[str, tuple]] = {
     "data": {
         "dataset": (str, _choice("digits", "cifar10", "cifar100", "imagefolder")),
-        "root": (str, None), "path": (OPT_STR, None), "subset": (OPT_INT, lambda v: v is None or _pos(v)),
+        "root": (str, None), "path": (OPT_STR, None), "extra_test_path": (OPT_STR, None),
+        "subset": (OPT_INT, lambda v: v is None or _pos(v)),
         "subset_test": (OPT_INT, lambda v: v is None or _pos(v)),
         "seed": (int, _nonneg), "download": (bool, None),
         "image_size": (OPT_INT, lambda v: v is None or _pos(v)),

@@ -77,6 +77,8 @@ class ImageData:
     classes  C class names (class id = position)
     mean/std per-channel normalisation, [0, 1] units
     coarse_train int64 [N] CIFAR-100 superclass ids, else None
+    x_test2 / y_test2  a second test set of the same classes (`data.extra_test_path`;
+             WebVision-50: the ILSVRC12 validation images of its 50 classes), else None
     crop / crop_scale  the network's input geometry for these images (params
              `data.crop`, `data.crop_scale`; see selcl.augment): recorded by the data
              stage in data.npz so that every training stage augments alike. crop None
@@ -95,6 +97,8 @@ class ImageData:
     name: str = ""
     crop: int | None = None
     crop_scale: tuple = DEFAULT_CROP_SCALE
+    x_test2: np.ndarray | None = None
+    y_test2: np.ndarray | None = None
 
     @property
     def num_classes(self) -> int:
@@ -460,6 +464,30 @@ def _load_imagefolder(path, subset, subset_test, image_size=None) -> ImageData:
                      None, "imagefolder")
 
 
+def load_extra_test(path, classes: list, image_size=None) -> tuple[np.ndarray, np.ndarray]:
+    """A second test set (`data.extra_test_path`): the test/<class>/<image> images of a
+    folder or archive laid out as an imagefolder (train/ is not read and may be absent),
+    labelled by the training classes' names; every class it holds must be one of them.
+    WebVision-50 (SPEC §10.4): the ILSVRC12 validation images of its 50 classes."""
+    path = Path(path)
+    if not path.exists():
+        raise DataError(f"{path} does not exist")
+    entries = _collect_dir(path) if path.is_dir() else _collect_tar(path)
+    found = sorted({c for s, c, _ in entries if s == "test"})
+    if not found:
+        raise DataError(f"{path}: no images found under test/<class>/")
+    unknown = sorted(set(found) - set(classes))
+    if unknown:
+        raise DataError(f"{path}: classes {unknown[:5]}{' …' if len(unknown) > 5 else ''} are not "
+                        f"training classes (name the folders as the training set's)")
+    items, labels = [], []
+    for cid, c in enumerate(classes):                       # the training order
+        files = sorted(f for s, cc, f in entries if s == "test" and cc == c)
+        items += [entries[("test", c, f)] for f in files]
+        labels += [cid] * len(files)
+    return _decode_all(items, image_size), np.asarray(labels, dtype=np.int64)
+
+
 # ----------------------------------------------------------------------------- entry points
 
 def load_dataset(name: str, *, root="data/raw", path=None, subset: int | None = None,
@@ -509,6 +537,8 @@ def save_arrays(data: ImageData, path) -> None:
         arrays["crop"] = np.asarray(int(data.crop), dtype=np.int64)
     if tuple(data.crop_scale) != DEFAULT_CROP_SCALE:
         arrays["crop_scale"] = np.asarray(data.crop_scale, dtype=np.float64)
+    if data.x_test2 is not None:
+        arrays["x_test2"], arrays["y_test2"] = data.x_test2, data.y_test2
     with atomic_path(path) as tmp:
         with open(tmp, "wb") as f:
             np.savez(f, **arrays)
@@ -537,4 +567,6 @@ def _load_arrays(path: Path) -> ImageData:
             name=str(z["name"]),
             crop=int(z["crop"]) if "crop" in z.files else None,
             crop_scale=tuple(float(v) for v in z["crop_scale"]) if "crop_scale" in z.files
-            else DEFAULT_CROP_SCALE)
+            else DEFAULT_CROP_SCALE,
+            x_test2=z["x_test2"] if "x_test2" in z.files else None,
+            y_test2=z["y_test2"].astype(np.int64) if "y_test2" in z.files else None)

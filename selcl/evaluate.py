@@ -64,7 +64,9 @@ def weighted_knn_accuracy(train_z, train_labels, test_z, test_labels, num_classe
     return topk_accuracy(scores, test_labels)
 
 
-def test_accuracy(model, x_test, y_test, mean, std, crop=None) -> float:
-    """Top-1 classifier accuracy (percent) on un-augmented (centre-cropped) test images."""
+def test_accuracy(model, x_test, y_test, mean, std, crop=None) -> dict:
+    """Classifier accuracy (percent) on un-augmented (centre-cropped) test images:
+    {"top1", "top5"} (top-5: the paper's WebVision Table 5; top-1 by argmax)."""
     _, logits = embed(model, x_test, mean, std, crop=crop)
-    return 100.0 * (logits.argmax(1) == y_test).float().mean().item()
+    return {"top1": 100.0 * (logits.argmax(1) == y_test).float().mean().item(),
+            "top5": topk_accuracy(logits, y_test, ks=(5,))["top5"]}

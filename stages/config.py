@@ -1,7 +1,7 @@
 """Stage `config@<setting>`: resolve the setting once and write each later stage's
 dependency file, runs/<setting>/config/<stage>.json: exactly the params that stage
-reads (selcl/stage_params.py), plus the digest of its input files (`data.path` for
-`data`, `noise.file` for `noise`). Also `params.json`, the whole resolved setting,
+reads (selcl/stage_params.py), plus the digest of its input files (`data.path` and
+`data.extra_test_path` for `data`, `noise.file` for `noise`). Also `params.json`, the whole resolved setting,
 which the report reads.
 
 It runs on every `dvc repro` (`always_changed`: input files are checked each time,
@@ -38,6 +38,8 @@ def run(name: str) -> None:
     dc, nc = cfg["data"], cfg["noise"]
     if dc["dataset"] == "imagefolder":       # built-in datasets: their params say it all
         files["data"]["source_sha256"] = digest(dc["path"], cache)
+    if dc["extra_test_path"]:                # a second test set: its content, not its name
+        files["data"]["extra_test_sha256"] = digest(dc["extra_test_path"], cache)
     if nc["kind"] == "file":
         files["noise"]["label_file_sha256"] = digest(nc["file"], cache)
     cache.save()

@@ -233,6 +233,8 @@ CASES = [
     Case("imagefolder_no_train_folder", "data", (f"{S}.data.path", "empty", "train/"),
          chain(write_file("empty/readme.txt", b"nothing here"),
                setv(f"{S}.data", {"dataset": "imagefolder", "path": "empty"}))),
+    Case("extra_test_path_missing", "data", (f"{S}.data.extra_test_path", "no/such/val50", "does not exist"),
+         setv(f"{S}.data.extra_test_path", "no/such/val50")),
     Case("cifar10_offline", "data", (f"{S}.data.root", "CIFAR-10", "download failed"),
          setv(f"{S}.data", {"dataset": "cifar10", "root": "raw"}), patch=offline),
     Case("cifar10_missing_download_off", "data", (f"{S}.data.root", "CIFAR-10", "download is off"),

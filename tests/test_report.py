@@ -124,6 +124,9 @@ def test_paper_suite_has_the_paper_configuration_and_every_param_is_classified()
         assert deviations(tables, cfg) == {}, name
     for name in params["suites"]["demo"] + params["suites"]["cpu_real"] + ["webvision50"]:
         assert deviations(tables, resolve(params, name)) is None, name
+    # the WebVision-50 preset is the paper's configuration, once its 50 classes are known
+    assert deviations(tables, resolve(params, "webvision50"), num_classes=50) == {}
+    assert deviations(tables, resolve(params, "webvision50"), num_classes=49) is None
     cfg = resolve(params, "cifar10_sym20")
     for section, values in cfg.items():
         if not isinstance(values, dict) or section == "baseline":
@@ -143,6 +146,38 @@ def test_web_labels_have_no_known_noise_or_precision(tmp_path, monkeypatch):
     assert "| webvision50 | 100 | n/a | n/a | n/a |" in md
     metrics = json.loads((tmp_path / "reports" / "metrics" / "webvision50.json").read_text())
     assert "precision_T" not in metrics and "selcl_plus" in metrics
+
+
+def test_webvision_runs_get_paper_table_5(tmp_path, monkeypatch):
+    """A 50-class image folder with its labels as given is WebVision-50: top-1 (best /
+    final) and top-5 on WebVision val and ILSVRC12 val beside Table 5; the verdict reads
+    the best WebVision top-1 and only for the paper's configuration."""
+    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    wv = params["settings"]["webvision50"]
+    short = {**wv, "finetune": {**wv["finetune"], "epochs": 30}}
+    for name, ft in (("webvision50", {"test_acc_best": 79.5, "test_acc_last": 78.0, "test_top5_at_best": 92.5,
+                                      "test2_acc_best": 75.0, "test2_acc_last": 74.5, "test2_top5_at_best": 92.0}),
+                     ("wv_short", {"test_acc_best": 79.5, "test_acc_last": 78.0, "test_top5_at_best": 92.5})):
+        folder = tmp_path / "runs" / name
+        fake_run(folder, selcl_plus=78.2, ce=0.0, classes=50)
+        (folder / "finetune.json").write_text(json.dumps({"test_acc_mean_last": 78.2, **ft}))
+        (folder / "baseline.json").write_text(json.dumps({"enabled": False}))
+    params["settings"]["wv_short"] = short
+    configs = {n: resolve(params, n) for n in ("webvision50", "wv_short")}
+    monkeypatch.chdir(tmp_path)
+    build_report(["webvision50", "wv_short"], configs, tmp_path / "runs",
+                 load_tables(ROOT / "references" / "paper_tables.yaml"), tmp_path / "reports", plots_dir=tmp_path / "plots")
+    md = (tmp_path / "reports" / "README.md").read_text()
+    summary = json.loads((tmp_path / "reports" / "metrics.json").read_text())
+    assert "## WebVision-50 (paper Table 5)" in md
+    assert ("| webvision50 | 79.50 / 78.00 / 92.50 | 75.00 / 74.50 / 92.00 | 79.96 / 92.64 · 76.84 / 93.04 "
+            "| yes |") in md
+    assert _row(md, "wv_short", "79.96").endswith("| — | 79.96 / 92.64 · 76.84 / 93.04 | not comparable (differs, see above) |")
+    assert "* **wv_short**: finetune.epochs = 50 (paper: 50)" not in md
+    assert "* **wv_short**: finetune.epochs = 30 (paper: 50)." in md
+    assert summary["reproduced"] == 1 and summary["not_reproduced"] == 0
+    metrics = json.loads((tmp_path / "reports" / "metrics" / "webvision50.json").read_text())
+    assert metrics["ilsvrc12_top1_best"] == 75.0 and metrics["webvision_top5_at_best"] == 92.5
 
 
 def test_reproduced_verdict_and_accuracy_axis():

@@ -47,6 +47,38 @@ def tiny_folder(tmp_path_factory):
     return root
 
 
+@pytest.fixture(scope="module")
+def tiny_val(tmp_path_factory):
+    """A second test set in the ILSVRC12 role: test/<class>/ only, two of the three
+    classes, other sizes again."""
+    root = tmp_path_factory.mktemp("ilsvrc_tiny")
+    rng = np.random.default_rng(1)
+    for c, name in ((2, "n03_shark"), (0, "n01_tench")):
+        d = root / "test" / name
+        d.mkdir(parents=True)
+        for i in range(2):
+            w, h = SIZES[(i + c + 1) % len(SIZES)]
+            img = np.zeros((h, w, 3), np.uint8)
+            img[..., c] = 200
+            Image.fromarray(np.clip(img + rng.integers(0, 55, (h, w, 3)), 0, 255).astype(np.uint8)).save(d / f"v{i}.png")
+    return root
+
+
+def test_extra_test_set_is_labelled_by_the_training_classes(tiny_val, tmp_path):
+    from selcl.data import DataError, load_extra_test
+    classes = ["n01_tench", "n02_goldfish", "n03_shark"]
+    x, y = load_extra_test(tiny_val, classes, image_size=40)
+    assert x.shape == (4, 3, 40, 40) and y.tolist() == [0, 0, 2, 2]      # the training order
+    assert (x.reshape(4, 3, -1).mean(2).argmax(1) == y).all()            # the class colours
+    with pytest.raises(DataError, match=r"\['n03_shark'\] are not training classes"):
+        load_extra_test(tiny_val, classes[:2], image_size=40)
+    with pytest.raises(DataError, match="does not exist"):
+        load_extra_test(tmp_path / "nowhere", classes)
+    (tmp_path / "empty" / "train").mkdir(parents=True)
+    with pytest.raises(DataError, match="test/<class>"):
+        load_extra_test(tmp_path / "empty", classes)
+
+
 def preset():
     """The setting as written (sparse: only what differs from defaults), every section present."""
     from selcl.config import SECTIONS
@@ -66,6 +98,7 @@ def test_preset_is_the_papers_webvision_setting():
     # data: Resize(256), 224 px crops; RandomResizedCrop scale 0.2–1
     assert d["dataset"] == "imagefolder" and d["image_size"] == 256 and d["crop"] == 224
     assert d["crop_scale"] == [0.2, 1.0]
+    assert d["extra_test_path"] == "data/ilsvrc12_val50"          # tested on ILSVRC12 val too
     assert cfg["noise"]["kind"] == "none"                         # real label noise
     assert m["arch"] == "resnet18" and m["proj_dim"] == 128 and m["seed"] == 1
     # Uns-CL warm-up: 5 epochs (--warmup-epoch 5, --warmup_way uns), 10k-key queue, τ 0.1
@@ -276,7 +309,7 @@ def test_crop_larger_than_the_stored_images_stops_the_data_stage(tmp_path, monke
 
 # --------------------------------------------------------------------- end to end
 
-def test_preset_runs_end_to_end_on_a_tiny_folder(tmp_path, monkeypatch, tiny_folder):
+def test_preset_runs_end_to_end_on_a_tiny_folder(tmp_path, monkeypatch, tiny_folder, tiny_val):
     """data → … → evaluate with the preset, images stored at 40 px and 32 px crops: every
     input the network ever sees (warm-up and pre-training views, L_CLS views, selection
     and k-NN embeddings, fine-tuning views, bootstrapping targets, test images) is 32×32;
@@ -284,7 +317,7 @@ def test_preset_runs_end_to_end_on_a_tiny_folder(tmp_path, monkeypatch, tiny_fol
     import selcl.losses
     import selcl.train
     p = preset()
-    p["data"].update(path=str(tiny_folder), image_size=40, crop=32)   # CPU-sized 256 / 224
+    p["data"].update(path=str(tiny_folder), extra_test_path=str(tiny_val), image_size=40, crop=32)   # 256 / 224
     p["warmup"].update(epochs=1, queue_size=32)
     p["pretrain"].update(epochs=3, batch_size=8, lr_warmup_epochs=1, lr_decay_epochs=[2], k=5,
                          queue_per_class=3, memory_start_epoch=2)   # memory 18 ≥ 2 × batch
@@ -330,5 +363,12 @@ def test_preset_runs_end_to_end_on_a_tiny_folder(tmp_path, monkeypatch, tiny_fol
     assert calls["mixup_bootstrap_loss"] == calls["mixup_cross_entropy"]
     ft = json.loads((run / "finetune.json").read_text())
     assert 0.0 <= ft["test_acc_last"] <= 100.0
+    # Table 5: top-1 and top-5 on the test set and on the second one (ILSVRC12 val's role)
+    assert meta["n_test2"] == 4
+    for key in ("test_top5_last", "test_top5_at_best", "test2_acc_last", "test2_acc_best", "test2_top5_last"):
+        assert 0.0 <= ft[key] <= 100.0, key
+    assert ft["test_top5_last"] == 100.0 and ft["test2_top5_last"] == 100.0     # 3 classes: top-5 = all
+    header = (run / "finetune_history.csv").read_text().splitlines()[0].split(",")
+    assert {"test_acc", "test_top5", "test2_acc", "test2_top5"} <= set(header)
     assert len((run / "pretrain_history.csv").read_text().splitlines()) == 3
     assert "knn_clean_top1" in json.loads((run / "evaluate.json").read_text())
