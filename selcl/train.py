@@ -724,7 +724,8 @@ def baseline(cfg: dict, data: TrainData, device, ckpt: Checkpointer, on_epoch=No
     model = make_model(cfg["model"], data.num_classes, device)
     tc = dict(bc, lr_warmup_epochs=0)
     everyone = torch.arange(data.n, device=device)
-    history = _train_classifier(model, data, everyone, tc, device, ckpt, desc="CE baseline",
+    desc = "CE baseline" if bc["mixup_alpha"] is None else "mixup baseline"
+    history = _train_classifier(model, data, everyone, tc, device, ckpt, desc=desc,
                                 seed=cfg["model"]["seed"] * 1000 + 4, mixup_alpha=bc["mixup_alpha"], on_epoch=on_epoch)
     return {"model": model.state_dict(), "history": history}
 
