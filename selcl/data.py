@@ -420,6 +420,24 @@ def _decode_all(items: list, image_size: int | None = None) -> np.ndarray:
     return x
 
 
+def _class_ordered(entries: dict, split: str, classes: list, k=None) -> tuple[list, np.ndarray]:
+    """THE dataset order of one split: class by class in `classes` order (class id = its
+    position), files by name within a class, the first `k` per class if given (no RNG).
+    → (items for `_decode_all`, int64 labels)."""
+    by_class: dict = {}
+    for s, c, f in entries:
+        if s == split:
+            by_class.setdefault(c, []).append(f)
+    items, labels = [], []
+    for cid, c in enumerate(classes):
+        files = sorted(by_class.get(c, []))
+        if k is not None:
+            files = files[:int(k)]
+        items += [entries[(split, c, f)] for f in files]
+        labels += [cid] * len(files)
+    return items, np.asarray(labels, dtype=np.int64)
+
+
 def _load_imagefolder(path, subset, subset_test, image_size=None) -> ImageData:
     if path is None:
         raise DataError("dataset imagefolder needs `path` (a folder with train/<class>/ and "
@@ -438,22 +456,11 @@ def _load_imagefolder(path, subset, subset_test, image_size=None) -> ImageData:
     extra = sorted(set(test_classes) - set(train_classes))
     if extra:
         raise DataError(f"{path}: test classes {extra} have no training images")
-    cid = {c: i for i, c in enumerate(train_classes)}   # class id = rank of the sorted name
-    by_class: dict = {}
-    for s, c, f in entries:
-        by_class.setdefault((s, c), []).append(f)
     out = {}
     for split, k in (("train", subset), ("test", subset_test)):
         if k is not None and int(k) < 1:
             raise DataError(f"subset must be a positive number of images per class, got {k!r}")
-        items, labels = [], []
-        for c in train_classes:                           # THE dataset order
-            files = sorted(by_class.get((split, c), []))
-            if k is not None:
-                files = files[:int(k)]                    # first k per class, no RNG
-            items += [entries[(split, c, f)] for f in files]
-            labels += [cid[c]] * len(files)
-        out[split] = (items, np.asarray(labels, dtype=np.int64))
+        out[split] = _class_ordered(entries, split, train_classes, k)
     x_tr = _decode_all(out["train"][0], image_size)
     x_te = _decode_all(out["test"][0], image_size)
     if x_te.shape[1:] != x_tr.shape[1:]:
@@ -480,12 +487,8 @@ def load_extra_test(path, classes: list, image_size=None) -> tuple[np.ndarray, n
     if unknown:
         raise DataError(f"{path}: classes {unknown[:5]}{' …' if len(unknown) > 5 else ''} are not "
                         f"training classes (name the folders as the training set's)")
-    items, labels = [], []
-    for cid, c in enumerate(classes):                       # the training order
-        files = sorted(f for s, cc, f in entries if s == "test" and cc == c)
-        items += [entries[("test", c, f)] for f in files]
-        labels += [cid] * len(files)
-    return _decode_all(items, image_size), np.asarray(labels, dtype=np.int64)
+    items, labels = _class_ordered(entries, "test", list(classes))   # the training order
+    return _decode_all(items, image_size), labels
 
 
 # ----------------------------------------------------------------------------- entry points

@@ -464,9 +464,11 @@ def build_report(run: list[str], configs: dict[str, dict], runs_dir: Path, table
         ours = ft.get("test_acc_mean_last")
         ce = bl.get("test_acc_mean_last") if bl.get("enabled", True) else None
         # the baseline that ran, and the paper's row for it (Cross-Entropy or Mixup)
-        tag = "" if budget["baseline"] == "CE" or ce is None else f" ({budget['baseline']})"
-        paper_bl = paper.get("ce") if budget["baseline"] == "CE" else paper.get("mixup")
-        paper_bl_cell = _paper_fmt(paper_bl) + ("" if budget["baseline"] == "CE" or paper_bl is None else " (Mixup)")
+        mixup = budget["baseline"] != "CE"
+        tag = f" ({budget['baseline']})" if mixup and ce is not None else ""
+        paper_bl = paper.get("mixup" if mixup else "ce")
+        paper_bl_cell = _paper_fmt(paper_bl) + (" (Mixup)" if mixup and paper_bl is not None else "")
+        web = is_webvision(cfg, meta.get("num_classes"))
         devs = deviations(tables, cfg, meta.get("num_classes"))
         known = _clean_labels_known(cfg)
         diff = ours - paper["selcl_plus"] if ours is not None and paper.get("selcl_plus") is not None else None
@@ -478,7 +480,7 @@ def build_report(run: list[str], configs: dict[str, dict], runs_dir: Path, table
             differences.append(f"* {name}: {cfg['data']['dataset']}, not a setting of the paper's "
                                "tables (CIFAR, or WebVision-50: a 50-class image folder with its "
                                "labels as given): no published number is compared.")
-        if is_webvision(cfg, meta.get("num_classes")):
+        if web:
             row, web_verdict = _webvision_row(name, ft, tables["webvision50"], devs)
             web_rows.append(row)
             if web_verdict in ("yes", "no"):
@@ -544,7 +546,7 @@ def build_report(run: list[str], configs: dict[str, dict], runs_dir: Path, table
                 "precision_G": pre.get("precision_G")} if known else {}),
             **({"webvision_top1_best": ft.get("test_acc_best"), "webvision_top5_at_best": ft.get("test_top5_at_best"),
                 "ilsvrc12_top1_best": ft.get("test2_acc_best"), "ilsvrc12_top5_at_best": ft.get("test2_top5_at_best")}
-               if is_webvision(cfg, meta.get("num_classes")) else {})}.items()
+               if web else {})}.items()
             if v is not None and math.isfinite(float(v))}
 
     md = ["# Sel-CL / Sel-CL+ reproduction report", "",
