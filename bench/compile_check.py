@@ -30,7 +30,7 @@ from selcl.config import load_params, resolve  # noqa: E402
 from selcl.device import knn_index_for, describe, get_device, synchronize  # noqa: E402
 from selcl.pairs import pair_rule  # noqa: E402
 from selcl.selection import select  # noqa: E402
-from selcl.train import lr_at, make_pretrainer, set_lr  # noqa: E402
+from selcl.train import lr_at, make_pretrainer, set_lr, steps_per_epoch  # noqa: E402
 from step import fake_data  # noqa: E402
 from tables import emit  # noqa: E402
 
@@ -50,7 +50,7 @@ def run(cfg, data, steps: int, compile_on: bool, device, n: int, B: int, perturb
     T_idx = rule.examples.nonzero().squeeze(1)
     gen = torch.Generator(device=device).manual_seed(1)
     losses, times = [], []
-    iters = n // B
+    iters = steps_per_epoch(n, B)
     for it in range(steps):
         set_lr(tr.opt, lr_at(cfg["pretrain"], 1, it, iters))     # epoch 1's linear warm-up
         idx = torch.randperm(n, generator=gen, device=device)[:B]

@@ -35,7 +35,7 @@ from selcl.config import load_params, resolve  # noqa: E402
 from selcl.data import load_dataset  # noqa: E402
 from selcl.device import describe, get_device, synchronize  # noqa: E402
 from selcl.noise import make_noisy_labels, resolve_generator  # noqa: E402
-from selcl.train import TrainData, baseline, finetune, pretrain, summarise, warmup  # noqa: E402
+from selcl.train import TrainData, baseline, finetune, pretrain, steps_per_epoch, summarise, warmup  # noqa: E402
 from profile_steps import StepProfiler  # noqa: E402  (bench/profile_steps.py)
 from tables import emit  # noqa: E402  (bench/tables.py)
 
@@ -90,7 +90,7 @@ def main() -> None:
         cfg["warmup"]["queue_size"] = max(B, round(cfg["warmup"]["queue_size"] * n / 50_000))
         for section in ("pretrain", "evaluate"):
             cfg[section]["k"] = max(5, round(cfg[section]["k"] * n / 50_000))
-    steps = n // cfg["pretrain"]["batch_size"]       # Sel-CL steps per epoch
+    steps = steps_per_epoch(n, cfg["pretrain"]["batch_size"])       # Sel-CL steps per epoch
     P, F = args.epochs, args.finetune_epochs
     E = args.ce_epochs or P + F
     cfg["pretrain"].update(epochs=P, lr_warmup_epochs=min(2, P - 1),
@@ -145,11 +145,12 @@ def main() -> None:
     train_s = [r["train_s"] for r in pre["timing"]]
     steady = float(np.median(train_s[1:])) if len(train_s) > 1 else train_s[0]
     other = float(np.median([r["select_s"] + r["knn_s"] for r in pre["timing"]]))
-    # A subset's epochs are shorter; the full run is projected from the step (390 steps and
+    # A subset's epochs are shorter; the full run is projected from the step (391 steps and
     # 50,000 images per epoch), selection and fine-tuning scaled by the images; the warm-up
     # epoch as measured (mostly compilation).
     full = 50_000 / n
-    projected = (t_warm + 249 * (steady * 390 / steps + other * full) + 70 * t_ft * full) / 60
+    full_steps = steps_per_epoch(50_000, cfg["pretrain"]["batch_size"])
+    projected = (t_warm + 249 * (steady * full_steps / steps + other * full) + 70 * t_ft * full) / 60
     last = pre["history"][-1]
     emit(head + [
         "| what | value |", "|---|---|",

@@ -100,21 +100,21 @@ SCHEMA: dict[str, dict[str, tuple]] = {
         "classifier": (bool, None), "sim_loss": (bool, None),
         "selected_sets": (str, _choice("all", "T_G1", "T_G1_G2", "clean_assoc", "clean_all_pairs",
                                        "clean_clean")),
-        "checkpoint_every": (int, _pos),
+        "drop_last": (bool, None), "checkpoint_every": (int, _pos),
     },
     "finetune": {
         "epochs": (int, _pos), "batch_size": (int, _pos), "lr": (float, _posf),
         "momentum": (float, _unit), "weight_decay": (float, _nonneg), "mixup_alpha": (float, _posf),
         "bootstrap": (float, _unit), "bootstrap_start": (int, _nonneg),
         "augment": (str, _choice("weak", "strong")), "reinit_classifier": (bool, None),
-        "eval_last": (int, _pos), "checkpoint_every": (int, _pos),
+        "eval_last": (int, _pos), "drop_last": (bool, None), "checkpoint_every": (int, _pos),
     },
     "evaluate": {"k": (int, _pos), "sigma": (float, _posf), "tsne_points": (int, _nonneg)},
     "baseline": {
         "enabled": (bool, None), "epochs": (int, _pos), "batch_size": (int, _pos), "lr": (float, _posf),
         "lr_decay_epochs": (list, _int_list), "lr_decay": (float, _posf), "momentum": (float, _unit),
         "weight_decay": (float, _nonneg), "mixup_alpha": (OPT_FLOAT, lambda v: v is None or _posf(v)),
-        "eval_last": (int, _pos), "checkpoint_every": (int, _pos),
+        "eval_last": (int, _pos), "drop_last": (bool, None), "checkpoint_every": (int, _pos),
     },
 }
 TOP_KEYS = ("run", "suites", "defaults", "settings")

@@ -177,10 +177,11 @@ PAPER_CIFAR = {
                  "lr_decay": 0.1, "momentum": 0.9, "weight_decay": 0.0001, "temperature": 0.1, "ema": 0.999,
                  "memory_start_epoch": 4, "lambda_cls": 1.0, "lambda_sim": 0.01, "k": 250,
                  "knn_weighting": "uniform", "knn_index": "flat", "mixup": True, "memory": True,
-                 "selection": True, "classifier": True, "sim_loss": True, "selected_sets": "T_G1_G2"},
+                 "selection": True, "classifier": True, "sim_loss": True, "selected_sets": "T_G1_G2",
+                 "drop_last": False},
     "finetune": {"epochs": 70, "batch_size": 128, "lr": 0.001, "momentum": 0.9, "weight_decay": 0.0001,
                  "mixup_alpha": 1.0, "bootstrap": 0.2, "bootstrap_start": 30, "augment": "weak",
-                 "reinit_classifier": True, "eval_last": 10},
+                 "reinit_classifier": True, "eval_last": 10, "drop_last": False},
     "evaluate": {"k": 200, "sigma": 0.1},
 }
 PAPER_QUEUE_PER_CLASS = {"cifar10": 1000, "cifar100": 100}

@@ -163,13 +163,31 @@ def _views(x_uint8, g, data, strong: bool = True, n: int = 1):
     return v.chunk(n) if n > 1 else v
 
 
-def _batches(n: int, batch_size: int, g: torch.Generator, device):
-    """Shuffled global index batches, the last incomplete batch dropped (the authors'
-    loaders keep it: README "Smaller differences"). Under DDP `g` is the order generator, seeded alike on every rank, and
-    each rank keeps its shard (`dist.shard`) of every batch."""
+def steps_per_epoch(n: int, batch_size: int, drop_last: bool = False) -> int:
+    """Mini-batches `_batches` yields per epoch: ⌈n / batch_size⌉ as the authors' loaders
+    (DataLoader default drop_last=False: 391 steps per CIFAR epoch, the last of 80), or
+    ⌊n / batch_size⌋ with `drop_last`. Under DDP a last batch smaller than the number of
+    processes is skipped (see `_batches`)."""
+    full, tail = divmod(n, batch_size)
+    return full + (not drop_last and tail >= dist.world_size())
+
+
+def _batches(n: int, batch_size: int, g: torch.Generator, device, drop_last: bool = False):
+    """Shuffled global index batches of `batch_size`. When `batch_size` does not divide n
+    the last one is smaller and kept, as the authors' loaders keep it, so every example is
+    seen every epoch; `drop_last` drops it instead (a setting's `drop_last`: on tiny sets a
+    last batch of a few images is a loud full-lr SGD step). Under DDP `g` is the order
+    generator, seeded alike on every rank, and each rank keeps its shard (`dist.shard`) of
+    every batch; a last batch is cut to a multiple of the number of processes."""
     perm = torch.randperm(n, generator=g, device=device)
-    for start in range(0, n - batch_size + 1, batch_size):
-        yield dist.shard(perm[start:start + batch_size])
+    w = dist.world_size()
+    for start in range(0, n, batch_size):
+        idx = perm[start:start + batch_size]
+        if len(idx) < batch_size and drop_last:
+            break
+        idx = idx[:len(idx) - len(idx) % w]
+        if len(idx):
+            yield dist.shard(idx)
 
 
 def _progress(iterable, desc: str, total=None, initial=0):
@@ -230,13 +248,13 @@ def warmup(cfg: dict, data: TrainData, device, ckpt: Checkpointer, on_epoch=None
     if state is not None:
         tr.load_state_dict(state)
         history, start = state["history"], state["epoch"] + 1
-    iters = data.n // pc["batch_size"]
+    iters = steps_per_epoch(data.n, pc["batch_size"], pc["drop_last"])
     everyone = torch.arange(data.n, device=device)
     same_label = pair_rule(None, data.noisy, data.clean, selected_sets="all")
     for epoch in _progress(range(start, wc["epochs"] + 1), "warm-up", total=wc["epochs"], initial=start - 1):
         tr.model.train(); tr.ema.model.train()
         sums: dict = {}
-        for it, idx in enumerate(_batches(data.n, pc["batch_size"], tr.order, device)):
+        for it, idx in enumerate(_batches(data.n, pc["batch_size"], tr.order, device, pc["drop_last"])):
             set_lr(tr.opt, lr_at(pc, epoch, it, iters))
             if wc["method"] == "uns_cl":
                 out = tr.uns_step(data, idx)
@@ -549,7 +567,7 @@ def pretrain(cfg: dict, data: TrainData, warm: dict, device, ckpt: Checkpointer,
         selection = Selection.from_state_dict(state["selection"], device=device)
     else:
         selection = run_selection(tr.model, data, pc, epoch=first - 1)   # selection after the warm-up
-    iters = data.n // pc["batch_size"]
+    iters = steps_per_epoch(data.n, pc["batch_size"], pc["drop_last"])
     bar = _progress(range(start, pc["epochs"] + 1), "pre-train", total=pc["epochs"] - first + 1,
                     initial=start - first)
     for epoch in bar:
@@ -560,7 +578,7 @@ def pretrain(cfg: dict, data: TrainData, warm: dict, device, ckpt: Checkpointer,
         tr.model.train(); tr.ema.model.train()     # EMA BatchNorm: batch statistics (§2)
         sums: dict = {}
         t0 = time.perf_counter()
-        for it, idx in enumerate(_batches(data.n, pc["batch_size"], tr.order, device)):
+        for it, idx in enumerate(_batches(data.n, pc["batch_size"], tr.order, device, pc["drop_last"])):
             set_lr(tr.opt, lr_at(pc, epoch, it, iters))
             for k, v in tr.step(data, idx, rule, T_idx, read_memory).items():
                 sums[k] = sums.get(k, 0.0) + v     # tensors stay on the device: no sync per step
@@ -618,12 +636,12 @@ def _train_classifier(model, data: TrainData, idx_pool: torch.Tensor, tc: dict, 
     n = len(idx_pool)
     B = min(tc["batch_size"], n)
     B -= B % dist.world_size()                        # global batch, split evenly over ranks
-    iters = max(n // B, 1)
+    iters = steps_per_epoch(n, B, tc["drop_last"])
     bar = _progress(range(start, tc["epochs"] + 1), desc, total=tc["epochs"], initial=start - 1)
     for epoch in bar:
         model.train()
         loss_sum = torch.zeros((), device=device)
-        for it, b in enumerate(_batches(n, B, order, device)):
+        for it, b in enumerate(_batches(n, B, order, device, tc["drop_last"])):
             set_lr(opt, lr_at(tc, epoch, it, iters))
             idx = idx_pool[b]                             # this rank's shard of the batch
             x = data.x[idx]

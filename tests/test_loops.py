@@ -3,6 +3,9 @@
 * the Uns-CL warm-up trains the encoder and the projection head only: the classifier, which
   no warm-up loss reaches, takes no SGD step at all (no weight decay, no momentum buffer),
   as in the authors' code, where its gradient stays missing;
+* every loop takes ⌈n / batch⌉ steps an epoch and sees every example once: the last,
+  smaller batch is kept, as the authors' loaders (drop_last=False) keep it; a setting's
+  `drop_last: true` drops it (⌊n / batch⌋ steps);
 * Sel-CL+ fine-tuning uses plain mixup CE up to epoch `bootstrap_start` and mixup + hard
   bootstrapping after it (SPEC §10.3; epoch 31 with the paper's 30), the target coming from
   a train-mode forward of the un-augmented image, without gradient, at every iteration.
@@ -12,6 +15,7 @@ from __future__ import annotations
 import copy
 from pathlib import Path
 
+import pytest
 import torch
 
 from conftest import digits_data
@@ -53,26 +57,30 @@ def test_uns_cl_warmup_leaves_the_classifier_alone(tmp_path):
     assert set(params) - with_buffer == {"classifier.weight", "classifier.bias"}
 
 
-def test_finetune_bootstraps_after_bootstrap_start_from_a_train_mode_forward(tmp_path, monkeypatch):
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_finetune_bootstraps_after_bootstrap_start_from_a_train_mode_forward(tmp_path, monkeypatch, drop_last):
     torch.set_num_threads(2)
     cfg = _cfg()
-    cfg["finetune"].update(epochs=3, bootstrap_start=1, batch_size=32, eval_last=1)
+    cfg["finetune"].update(epochs=3, bootstrap_start=1, batch_size=32, eval_last=1, drop_last=drop_last)
     data = digits_data(cfg["noise"], n=128, n_test=32)
-    pre = {"model": loops.make_model(cfg["model"], data.num_classes, CPU).state_dict(),
-           "examples": torch.ones(data.n, dtype=torch.bool)}
-    iters = data.n // 32
+    T = torch.ones(data.n, dtype=torch.bool)
+    T[::9] = False                                        # |T| = 113: three batches of 32 and one of 17
+    pre = {"model": loops.make_model(cfg["model"], data.num_classes, CPU).state_dict(), "examples": T}
+    batches = [32, 32, 32] if drop_last else [32, 32, 32, 17]
+    iters = len(batches)
 
     calls = []
     real_ce, real_boot = losses.mixup_cross_entropy, losses.mixup_bootstrap_loss
     monkeypatch.setattr(losses, "mixup_cross_entropy", lambda *a, **k: calls.append("ce") or real_ce(*a, **k))
     monkeypatch.setattr(losses, "mixup_bootstrap_loss", lambda *a, **k: calls.append("boot") or real_boot(*a, **k))
 
-    forwards = []                                        # (train mode, with gradient) per network call
+    forwards = []                          # (train mode, with gradient, batch) per network call
     real_make = loops.make_model
 
     def make_recording(*a, **k):
         model = real_make(*a, **k)
-        model.register_forward_hook(lambda m, i, o: forwards.append((m.training, torch.is_grad_enabled())))
+        model.register_forward_hook(lambda m, i, o: forwards.append((m.training, torch.is_grad_enabled(),
+                                                                     len(i[0]))))
         return model
 
     monkeypatch.setattr(loops, "make_model", make_recording)
@@ -80,10 +88,12 @@ def test_finetune_bootstraps_after_bootstrap_start_from_a_train_mode_forward(tmp
 
     assert calls == ["ce"] * iters + ["boot"] * 2 * iters
     epochs = cfg["finetune"]["epochs"]
-    assert forwards.count((True, True)) == epochs * iters           # the mixed batch
-    assert forwards.count((True, False)) == epochs * iters          # the bootstrapping target
-    assert (False, False) in forwards                               # test accuracy, eval mode
-    assert (False, True) not in forwards
+    mixed = [b for train, grad, b in forwards if train and grad]
+    target = [b for train, grad, b in forwards if train and not grad]
+    assert mixed == batches * epochs                                # the mixed batch; all of T each epoch
+    assert target == mixed                                          # the bootstrapping target
+    assert any(not train and not grad for train, grad, _ in forwards)   # test accuracy, eval mode
+    assert not any(not train and grad for train, grad, _ in forwards)
 
 
 def test_baseline_is_plain_ce_unless_mixup_alpha_is_set(tmp_path, monkeypatch):
@@ -91,14 +101,15 @@ def test_baseline_is_plain_ce_unless_mixup_alpha_is_set(tmp_path, monkeypatch):
     Cross-Entropy row); a number trains mixup CE with λ ~ Beta(α, α) (its Mixup row)."""
     torch.set_num_threads(2)
     data = digits_data(_cfg()["noise"], n=128, n_test=32)
-    iters = data.n // 32
+    iters = loops.steps_per_epoch(data.n, 32)
     calls = []
     real_ce = losses.mixup_cross_entropy
     monkeypatch.setattr(losses, "mixup_cross_entropy", lambda *a, **k: calls.append(a[3]) or real_ce(*a, **k))
     histories = {}
     for alpha in (None, 1.0):
         cfg = _cfg()
-        cfg["baseline"].update(epochs=2, batch_size=32, lr_decay_epochs=[], eval_last=1, mixup_alpha=alpha)
+        cfg["baseline"].update(epochs=2, batch_size=32, lr_decay_epochs=[], eval_last=1, mixup_alpha=alpha,
+                               drop_last=False)
         calls.clear()
         histories[alpha] = loops.baseline(cfg, data, CPU, _ck(tmp_path, f"baseline{alpha}"))["history"]
         if alpha is None:
@@ -107,3 +118,52 @@ def test_baseline_is_plain_ce_unless_mixup_alpha_is_set(tmp_path, monkeypatch):
             assert len(calls) == 2 * iters and all(0 <= lam <= 1 for lam in calls)
             assert len(set(calls)) > 1                       # a fresh λ every iteration
     assert histories[None][-1]["loss"] != histories[1.0][-1]["loss"]
+
+
+def test_every_epoch_sees_every_example_once_the_last_batch_smaller():
+    """⌈n / B⌉ batches, the last one smaller, together a permutation of 0..n−1 (the
+    authors' DataLoader(shuffle=True), drop_last False); a new order each epoch."""
+    g = torch.Generator().manual_seed(0)
+    for n, B in ((128, 32), (130, 32), (5, 8), (391 * 128 - 48, 128)):
+        epochs = [list(loops._batches(n, B, g, CPU)) for _ in range(2)]
+        for batches in epochs:
+            assert len(batches) == loops.steps_per_epoch(n, B) == -(-n // B)
+            assert [len(b) for b in batches[:-1]] == [B] * (len(batches) - 1)
+            assert len(batches[-1]) == n - B * (len(batches) - 1)
+            assert torch.equal(torch.sort(torch.cat(batches)).values, torch.arange(n))
+        assert not torch.equal(torch.cat(epochs[0]), torch.cat(epochs[1]))
+        dropped = list(loops._batches(n, B, g, CPU, drop_last=True))
+        assert len(dropped) == loops.steps_per_epoch(n, B, drop_last=True) == n // B
+        assert all(len(b) == B for b in dropped)
+        assert len(torch.cat(dropped + [torch.zeros(0, dtype=torch.long)]).unique()) == B * (n // B)
+    assert loops.steps_per_epoch(50_000, 128) == 391                 # CIFAR: the last step has 80
+
+
+def test_pretraining_steps_through_the_last_smaller_batch(tmp_path, monkeypatch):
+    """Warm-up and pre-training take the last batch too: its L_CLS batch has its size (the
+    authors' selected-example loader ends with the same short batch), and the memory
+    receives its 2·b entries under the authors' wrap rule."""
+    torch.set_num_threads(2)
+    cfg = _cfg()
+    cfg["pretrain"]["drop_last"] = False                            # the paper's (default) loaders
+    data = digits_data(cfg["noise"], n=120, n_test=32)            # 3 batches of 32, one of 24
+    sizes = {"uns": [], "sel": []}
+    real_uns, real_step = loops.Pretrainer.uns_step, loops.Pretrainer.step
+    monkeypatch.setattr(loops.Pretrainer, "uns_step",
+                        lambda self, d, idx, *a, **k: sizes["uns"].append(len(idx)) or real_uns(self, d, idx, *a, **k))
+    monkeypatch.setattr(loops.Pretrainer, "step",
+                        lambda self, d, idx, *a, **k: sizes["sel"].append(len(idx)) or real_step(self, d, idx, *a, **k))
+    enq = []
+    real_enqueue = loops.LabelledMemory.enqueue
+    monkeypatch.setattr(loops.LabelledMemory, "enqueue",
+                        lambda self, z, p, ids: enq.append(len(ids)) or real_enqueue(self, z, p, ids))
+    cls = []
+    real_ce = losses.mixup_cross_entropy
+    monkeypatch.setattr(losses, "mixup_cross_entropy", lambda *a, **k: cls.append(len(a[1])) or real_ce(*a, **k))
+    warm = loops.warmup(cfg, data, CPU, _ck(tmp_path, "warmup"))
+    pre = loops.pretrain(cfg, data, warm, CPU, _ck(tmp_path, "pretrain"))
+    assert sizes["uns"] == [32, 32, 32, 24]
+    assert cls == [64, 64, 64, 48] * (cfg["pretrain"]["epochs"] - cfg["warmup"]["epochs"])   # L_CLS, two views
+    assert sizes["sel"] == [32, 32, 32, 24] * (cfg["pretrain"]["epochs"] - cfg["warmup"]["epochs"])
+    assert enq == [64, 64, 64, 48] * cfg["pretrain"]["epochs"]
+    assert all(torch.isfinite(torch.tensor(h["loss"])) for h in pre["history"])

@@ -35,7 +35,7 @@ RUN = Path("runs") / SETTING
 CKPT = Path("scratch") / SETTING / "pretrain" / "checkpoint.pt"     # stages/common.checkpoint_path
 EPOCHS = TINY["pretrain"]["epochs"] - TINY["warmup"].get("epochs", 1)   # pre-training's, after the warm-up
 FIRST = TINY["warmup"].get("epochs", 1) + 1                            # its first (global) epoch
-STEPS_PER_EPOCH = 200 // TINY["pretrain"]["batch_size"]        # 20 per class × 10, last batch dropped
+STEPS_PER_EPOCH = -(-200 // TINY["pretrain"]["batch_size"])     # 20 per class × 10, the last batch kept
 
 DRIVER = r'''
 """Run stages/pretrain.py, counting SGD steps; block at a chosen point (for kill -9)."""

@@ -66,9 +66,10 @@ def main() -> int:
     readme = ROOT / "README.md"
     if args.src:
         src = Path(args.src)
-        if RECORD.exists():
-            shutil.rmtree(RECORD)
-        RECORD.mkdir(parents=True)
+        # replace what a demo report records; other files there (seeds/: the extra seeds'
+        # runs) stay
+        shutil.rmtree(RECORD / "metrics", ignore_errors=True)
+        RECORD.mkdir(parents=True, exist_ok=True)
         shutil.copytree(src / "metrics", RECORD / "metrics")
         shutil.copy2(src / "metrics.json", RECORD / "metrics.json")
         shutil.copy2(src / "README.md", RECORD / "README.md")   # figures stay in demo/ (not committed)
