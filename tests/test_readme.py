@@ -30,3 +30,23 @@ def test_numbers_are_rendered_from_the_record(tmp_path):
     readme = tmp_path / "README.md"
     readme.write_text("a\n<!-- demo-numbers -->\nold\n<!-- /demo-numbers -->\nb\n")
     assert R.rewrite(readme, text) == f"a\n<!-- demo-numbers -->\n{text}\n<!-- /demo-numbers -->\nb\n"
+
+
+def test_recording_a_demo_report_keeps_the_other_seeds(tmp_path):
+    """`--from demo` replaces the report's metrics and README in the record, nothing else:
+    the seeds/ folder beside them (other seeds' runs) survives."""
+    sys.path.insert(0, str(ROOT / "tools"))
+    import readme_numbers as R
+    src, dest = tmp_path / "demo", tmp_path / "record"
+    (src / "metrics").mkdir(parents=True)
+    (src / "metrics" / "demo_sym40.json").write_text("{}")
+    (src / "metrics.json").write_text("{}")
+    (src / "README.md").write_text("new report")
+    (dest / "metrics").mkdir(parents=True)
+    (dest / "metrics" / "gone.json").write_text("{}")
+    (dest / "seeds").mkdir()
+    (dest / "seeds" / "demo_sym40-seed2.json").write_text("kept")
+    R.record(src, dest)
+    assert (dest / "seeds" / "demo_sym40-seed2.json").read_text() == "kept"
+    assert sorted(p.name for p in (dest / "metrics").iterdir()) == ["demo_sym40.json"]
+    assert (dest / "README.md").read_text() == "new report"

@@ -58,6 +58,16 @@ def rewrite(readme: Path, text: str) -> str:
     return BLOCK.sub(lambda m: m.group(1) + text + m.group(3), old, count=1)
 
 
+def record(src: Path, dest: Path = RECORD) -> None:
+    """Copy a demo report folder's metrics and README into the record. Only what a demo
+    report holds is replaced: other files there (seeds/, the extra seeds' runs) stay."""
+    shutil.rmtree(dest / "metrics", ignore_errors=True)
+    dest.mkdir(parents=True, exist_ok=True)
+    shutil.copytree(src / "metrics", dest / "metrics")
+    shutil.copy2(src / "metrics.json", dest / "metrics.json")
+    shutil.copy2(src / "README.md", dest / "README.md")   # figures stay in demo/ (not committed)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--from", dest="src", help="a demo report folder (e.g. demo/) to record first")
@@ -65,14 +75,7 @@ def main() -> int:
     args = ap.parse_args()
     readme = ROOT / "README.md"
     if args.src:
-        src = Path(args.src)
-        # replace what a demo report records; other files there (seeds/: the extra seeds'
-        # runs) stay
-        shutil.rmtree(RECORD / "metrics", ignore_errors=True)
-        RECORD.mkdir(parents=True, exist_ok=True)
-        shutil.copytree(src / "metrics", RECORD / "metrics")
-        shutil.copy2(src / "metrics.json", RECORD / "metrics.json")
-        shutil.copy2(src / "README.md", RECORD / "README.md")   # figures stay in demo/ (not committed)
+        record(Path(args.src))
     new = rewrite(readme, render())
     if args.check:
         if new != readme.read_text():
