@@ -34,7 +34,7 @@ from selcl import checkpoint  # noqa: E402
 from selcl.config import load_params, resolve  # noqa: E402
 from selcl.data import load_dataset  # noqa: E402
 from selcl.device import describe, get_device, synchronize  # noqa: E402
-from selcl.noise import make_noisy_labels, resolve_generator  # noqa: E402
+from selcl.noise import labels_from_config  # noqa: E402
 from selcl.train import TrainData, baseline, finetune, pretrain, steps_per_epoch, summarise, warmup  # noqa: E402
 from profile_steps import StepProfiler  # noqa: E402  (bench/profile_steps.py)
 from tables import emit  # noqa: E402  (bench/tables.py)
@@ -73,9 +73,8 @@ def main() -> None:
     cfg = resolve(load_params(ROOT / "params.yaml"), args.setting)
     ds = load_dataset("imagefolder", path=args.data, subset=args.subset)
     nc = cfg["noise"]
-    noisy = make_noisy_labels(ds.y_train, len(ds.classes), nc["kind"], nc["rate"], nc["seed"], dataset="cifar10",
-                              include_true_class=nc["include_true_class"],
-                              generator=resolve_generator(nc["generator"], "imagefolder"))
+    # an image folder of CIFAR-10: the paper's CIFAR-10 flips, the image folder's generator
+    noisy, _ = labels_from_config(ds.y_train, len(ds.classes), dict(nc, asym_map="cifar10"), "imagefolder")
     realised = float(np.mean(noisy != ds.y_train))
     data = TrainData.build({"x_train": ds.x_train, "y_train": ds.y_train, "x_test": ds.x_test,
                             "y_test": ds.y_test, "mean": ds.mean, "std": ds.std},

@@ -181,6 +181,19 @@ def _check_clean(clean, num_classes: int) -> np.ndarray:
     return y
 
 
+def labels_from_config(clean, num_classes: int, noise: dict, dataset: str) -> tuple[np.ndarray, str]:
+    """A setting's `noise` section → (ỹ, the generator used), its two `auto`s resolved from
+    `dataset`, the `data.dataset` the labels belong to (`asym_map: auto` → that dataset's
+    map, `generator: auto` → `resolve_generator`): the noise stage's labels, for every
+    script that needs them without running it."""
+    asym = noise["asym_map"] if noise["asym_map"] != "auto" else dataset
+    generator = resolve_generator(noise["generator"], dataset)
+    noisy = make_noisy_labels(clean, num_classes, noise["kind"], noise["rate"], noise["seed"], dataset=asym,
+                              include_true_class=noise["include_true_class"], file=noise["file"],
+                              file_key=noise["file_key"], generator=generator)
+    return noisy, generator
+
+
 def make_noisy_labels(clean, num_classes: int, kind: str, rate: float, seed: int, *,
                       dataset: str = "generic", include_true_class: bool = True,
                       file=None, file_key: str | None = None, generator: str = "pcg64") -> np.ndarray:

@@ -7,7 +7,7 @@ from common import load, main, require_device, run_dir
 from selcl.checkpoint import atomic_path, write_json
 from selcl.errors import CheckpointError, NoiseError
 from selcl.data import load_arrays
-from selcl.noise import make_noisy_labels, realised_noise_rate, resolve_generator, transition_matrix
+from selcl.noise import labels_from_config, realised_noise_rate, transition_matrix
 
 
 def run(name: str) -> None:
@@ -20,12 +20,8 @@ def run(name: str) -> None:
         raise CheckpointError(f"{out / 'data.npz'}: corrupt data-stage output ({type(exc).__name__}); "
                               f"delete it and rerun the data stage") from None
     C = len(data.classes)
-    asym = nc["asym_map"] if nc["asym_map"] != "auto" else data.name
-    generator = resolve_generator(nc["generator"], data.name)   # the dataset the data stage loaded
-    try:
-        noisy = make_noisy_labels(data.y_train, C, nc["kind"], nc["rate"], nc["seed"], dataset=asym,
-                                  include_true_class=nc["include_true_class"], file=nc["file"],
-                                  file_key=nc["file_key"], generator=generator)
+    try:   # auto map and generator: from the dataset the data stage loaded
+        noisy, generator = labels_from_config(data.y_train, C, nc, data.name)
     except NoiseError as exc:
         # Name the key to fix: the label file (kind=file) or the asymmetric map.
         key = {"file": "file", "asym": "asym_map"}.get(nc["kind"], "kind")

@@ -79,15 +79,15 @@ def same_label_pair_precision(run: dict) -> float | None:
     run's logged realised noise."""
     import numpy as np
 
-    from selcl.noise import make_noisy_labels, resolve_generator
+    from selcl.noise import labels_from_config
     cfg, r = (run["history"] or {}).get("cfg"), run["result"]
     if not cfg or not cfg["data"].get("subset"):
         return None
     nc, C = cfg["noise"], 10
     y = np.repeat(np.arange(C), cfg["data"]["subset"])
-    noisy = make_noisy_labels(y, C, nc["kind"], nc["rate"], nc["seed"], dataset=nc["asym_map"],
-                              include_true_class=nc["include_true_class"],
-                              generator=resolve_generator(nc.get("generator", "pcg64"), cfg["data"]["dataset"]))
+    # runs logged before `noise.generator` existed drew with pcg64
+    noisy, _ = labels_from_config(y, C, {"generator": "pcg64", "file": None, "file_key": None, **nc},
+                                  cfg["data"]["dataset"])
     if len(y) != r["n_train"] or abs(float(np.mean(noisy != y)) - r["realised_noise"]) > 1e-9:
         return None
     right = total = 0
