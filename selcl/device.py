@@ -166,7 +166,15 @@ def compiled(model: torch.nn.Module, cuda_graphs: bool = True) -> torch.nn.Modul
     # dynamic-shape graph (symbolic batch size: slower kernels, longer compilation), and
     # which graphs turn dynamic depends on call order (bench/step.py compiled static ones,
     # the real loop dynamic ones; tests/test_compile.py). Static: one graph per call site.
+    # Static graphs are one per (rows, groups, grad mode, module): with the last, smaller batch
+    # kept (the authors' loaders) every call site has a second size, and one process running
+    # all four loops (bench/gpu_real.py) needs ~12 graphs of the forward. Past Dynamo's default
+    # recompile limit (8) it would run the rest eagerly, silently; 64 leaves room.
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
     return torch.compile(model, mode="reduce-overhead" if cuda_graphs else "default", dynamic=False)
+
+
+RECOMPILE_LIMIT = 64
 
 
 def synchronize(device: torch.device) -> None:

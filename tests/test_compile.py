@@ -51,16 +51,17 @@ def graphs(monkeypatch):
     augment._apply_strong_compiled.cache_clear()
 
 
-def _one_process(tmp_path, monkeypatch):
+def _one_process(tmp_path, monkeypatch, n: int = 256, drop_last: bool = True):
     """Warm-up, pre-training (memory read, L_CLS on), fine-tuning and the CE baseline in one
-    process, as `bench/gpu_real.py`, on 256 digits, the CUDA path's one call per step."""
+    process, as `bench/gpu_real.py`, on `n` digits, the CUDA path's one call per step."""
     monkeypatch.setattr(device, "compiles", lambda d: True)
     monkeypatch.setenv("SELCL_SPLIT_VIEWS", "0")
     cfg = copy.deepcopy(resolve(load_params(ROOT / "params.yaml"), "demo_asym40"))
-    cfg["pretrain"].update(epochs=3, memory_start_epoch=2, lr_warmup_epochs=1, lr_decay_epochs=[])
-    cfg["finetune"].update(epochs=1, bootstrap_start=0, eval_last=1)
-    cfg["baseline"].update(epochs=1, lr_decay_epochs=[], eval_last=1)
-    data = digits_data({"kind": "asym", "rate": 0.4, "seed": 1}, n=256, n_test=64)
+    cfg["pretrain"].update(epochs=3, memory_start_epoch=2, lr_warmup_epochs=1, lr_decay_epochs=[],
+                           drop_last=drop_last)
+    cfg["finetune"].update(epochs=1, bootstrap_start=0, eval_last=1, drop_last=drop_last)
+    cfg["baseline"].update(epochs=1, lr_decay_epochs=[], eval_last=1, drop_last=drop_last)
+    data = digits_data({"kind": "asym", "rate": 0.4, "seed": 1}, n=n, n_test=64)
     ck = lambda name: checkpoint.Checkpointer(tmp_path / f"{name}.pt", name, 1000)  # noqa: E731
     cpu = torch.device("cpu")
     pre = pretrain(cfg, data, warmup(cfg, data, cpu, ck("warmup")), cpu, ck("pretrain"))
@@ -75,6 +76,22 @@ def test_training_graphs_are_static(graphs, tmp_path, monkeypatch, recompute):
     _one_process(tmp_path, monkeypatch)
     # online B (warm-up, fine-tuning, CE), 3B (main pass), 2B (L_CLS, L_SIM recompute); EMA 3B
     assert 4 <= len(seen) <= 6 and not any(seen), seen
+
+
+def test_the_kept_last_batch_gets_static_graphs_too(graphs, tmp_path, monkeypatch, caplog):
+    """The paper's loaders keep an epoch's last, smaller batch (`drop_last: false`): every
+    call site gets a second size, more graphs of the one forward than Dynamo's default
+    recompile limit (8), past which it would run the rest eagerly. All static, none refused."""
+    seen, _ = graphs
+    config = torch._dynamo.config
+    limit = config.recompile_limit              # by hand: monkeypatch's undo breaks a config module
+    config.recompile_limit = 8                  # the default, whatever ran before
+    try:
+        _one_process(tmp_path, monkeypatch, n=250, drop_last=False)      # 3 batches of 64 and one of 58
+    finally:
+        config.recompile_limit = limit
+    assert 8 < len(seen) <= device.RECOMPILE_LIMIT and not any(seen), seen
+    assert "recompile_limit" not in caplog.text
 
 
 def test_the_check_sees_dynamic_graphs(graphs, tmp_path, monkeypatch):
