@@ -140,6 +140,9 @@ def compiles(device: torch.device) -> bool:
     return is_cuda(device) and env_flag("SELCL_COMPILE", True)
 
 
+RECOMPILE_LIMIT = 64   # Dynamo graphs per compiled function (its default, 8, is too few: `compiled`)
+
+
 def compiled(model: torch.nn.Module, cuda_graphs: bool = True) -> torch.nn.Module:
     """The callable for a model's *training* forward passes: on CUDA,
     torch.compile(mode="reduce-overhead"), so the forward and backward of each
@@ -172,9 +175,6 @@ def compiled(model: torch.nn.Module, cuda_graphs: bool = True) -> torch.nn.Modul
     # recompile limit (8) it would run the rest eagerly, silently; 64 leaves room.
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
     return torch.compile(model, mode="reduce-overhead" if cuda_graphs else "default", dynamic=False)
-
-
-RECOMPILE_LIMIT = 64
 
 
 def synchronize(device: torch.device) -> None:

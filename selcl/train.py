@@ -180,14 +180,12 @@ def _batches(n: int, batch_size: int, g: torch.Generator, device, drop_last: boo
     generator, seeded alike on every rank, and each rank keeps its shard (`dist.shard`) of
     every batch; a last batch is cut to a multiple of the number of processes."""
     perm = torch.randperm(n, generator=g, device=device)
-    w = dist.world_size()
-    for start in range(0, n, batch_size):
-        idx = perm[start:start + batch_size]
-        if len(idx) < batch_size and drop_last:
-            break
-        idx = idx[:len(idx) - len(idx) % w]
-        if len(idx):
-            yield dist.shard(idx)
+    full = n // batch_size
+    for i in range(steps_per_epoch(n, batch_size, drop_last)):
+        idx = perm[i * batch_size:(i + 1) * batch_size]
+        if i == full:                             # the last, smaller batch: a multiple of the ranks
+            idx = idx[:len(idx) - len(idx) % dist.world_size()]
+        yield dist.shard(idx)
 
 
 def _progress(iterable, desc: str, total=None, initial=0):
