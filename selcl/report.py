@@ -76,7 +76,7 @@ def _plot_learning(name: str, hist: list[dict], ft: list[dict], bl: list[dict], 
     panels = [("precision_T", "recall_T", "(a) confident examples T", "precision / recall"),
               ("n_selected", None, "(b) |T|", "examples"),
               ("precision_G", None, "(c) confident pairs G", "pair precision"),
-              ("knn_top1", None, "(d) weighted k-NN test accuracy", "%")]
+              ("knn_top1", "test_acc", "(d) test accuracy: weighted k-NN, Sel-CL classifier", "%")]
     for ax, (a, b, title, ylabel) in zip(axes, panels):
         if hist and a in hist[0]:
             ax.plot(ep, [h[a] for h in hist], label=a)
@@ -376,7 +376,7 @@ def _variant_rows(name: str, cfg: dict, tables: dict, ours: dict, devs: dict[str
     if devs is None or key is None:
         return {}
     pc, fc, out = cfg["pretrain"], cfg["finetune"], {}
-    knn, plus = ours.get("knn_clean_top1"), ours.get("selcl_plus")
+    knn, plus, clf = ours.get("knn_clean_top1"), ours.get("selcl_plus"), ours.get("selcl_test_top1")
 
     def cell(paper, allowed: set[str]) -> str:
         if _only(devs, allowed):
@@ -391,19 +391,32 @@ def _variant_rows(name: str, cfg: dict, tables: dict, ours: dict, devs: dict[str
         off = [s for s in TABLE6_SWITCHES if not pc[s]]
         row = tables.get("ablation_cifar100", {}).get(key, {})
         allowed = {f"pretrain.{s}" for s in off}
+
+        def pair_cell(paper_pair, allowed):     # the paper's "Sel-CL test acc / kNN" pair
+            a, b = paper_pair or [None, None]
+            return cell(None, allowed) if not _only(devs, allowed) else f"{_paper_fmt(a)} / {_paper_fmt(b)}"
+
+        # without L_CLS the classifier is never trained: no test accuracy (the paper's "—")
+        sel_metric = "Sel-CL test acc / k-NN"
+        sel_value = f"{_fmt(clf) if pc['classifier'] else '—'} / {_fmt(knn)}"
+        rows6 = []
         if len(off) == 1:
-            variant, value, paper = TABLE6_SWITCHES[off[0]], knn, (row.get(TABLE6_SWITCHES[off[0]]) or [None, None])[1]
-        elif not off and fc["augment"] == "strong":
-            variant, value, paper, allowed = "plus_strong_aug", plus, row.get("plus_strong_aug"), {"finetune.augment"}
-        elif not off and not fc["reinit_classifier"]:
-            variant, value, paper = "plus_no_retrain_cls", plus, row.get("plus_no_retrain_cls")
-            allowed = {"finetune.reinit_classifier"}
-        elif not off:
-            variant, value, paper = "plus", plus, row.get("plus")
-        else:                                   # several switches at once: not in the paper
-            variant, value, paper = " + ".join(TABLE6_SWITCHES[s] for s in off), knn, None
-        metric = "Sel-CL+ test acc" if variant.startswith("plus") else "Sel-CL k-NN"
-        out["6"] = [f"| {name} | {key} | {variant} | {metric} | {_fmt(value)} | {cell(paper, allowed)} |"]
+            variant = TABLE6_SWITCHES[off[0]]
+            rows6.append((variant, sel_metric, sel_value, pair_cell(row.get(variant), allowed)))
+        elif off:                               # several switches at once: not in the paper
+            rows6.append((" + ".join(TABLE6_SWITCHES[s] for s in off), sel_metric, sel_value, cell(None, allowed)))
+        else:
+            if fc["augment"] == "strong":
+                variant, allowed = "plus_strong_aug", {"finetune.augment"}
+            elif not fc["reinit_classifier"]:
+                variant, allowed = "plus_no_retrain_cls", {"finetune.reinit_classifier"}
+            else:
+                variant, allowed = "plus", set()
+            # the full Sel-CL (its pre-trained classifier and encoder; a fine-tuning switch
+            # leaves it the paper's), then the Sel-CL+ variant
+            rows6.append(("sel_cl", sel_metric, sel_value, pair_cell(row.get("sel_cl"), allowed)))
+            rows6.append((variant, "Sel-CL+ test acc", _fmt(plus), cell(row.get(variant), allowed)))
+        out["6"] = [f"| {name} | {key} | {v} | {m} | {val} | {pc_} |" for v, m, val, pc_ in rows6]
     if key in ("sym20", "sym90", "asym40"):
         paper = tables.get("warmup", {}).get(cfg["warmup"]["method"], {}).get(ds, {}).get(key)
         out["7"] = [f"| {name} | {ds} {key} | {cfg['warmup']['method']} | {_fmt(plus)} | "
@@ -514,6 +527,7 @@ def build_report(run: list[str], configs: dict[str, dict], runs_dir: Path, table
                         f"{prec[0]} | {prec[1]} | {prec[2]} | {_fmt(pre.get('threshold'), 3)} | "
                         f"{int(pre['n_per_class']) if 'n_per_class' in pre else '—'} |")
         for table, lines in _variant_rows(name, cfg, tables, {"knn_clean_top1": ev.get("knn_clean_top1"),
+                                                               "selcl_test_top1": ev.get("selcl_test_top1"),
                                                                "selcl_plus": ours}, devs).items():
             variants[table] += lines
         if "env" in pre:

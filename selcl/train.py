@@ -596,10 +596,13 @@ def pretrain(cfg: dict, data: TrainData, warm: dict, device, ckpt: Checkpointer,
         row = {"epoch": epoch, "lr": tr.opt.param_groups[0]["lr"]}
         row.update({k: float(dist.average(torch.as_tensor(v))) / max(iters, 1) for k, v in sums.items()})
         row.update(_selection_log(selection))
-        z_te, _ = embed(tr.model, data.x_test, data.mean, data.std, crop=data.crop)
+        z_te, logits_te = embed(tr.model, data.x_test, data.mean, data.std, crop=data.crop)
         knn = weighted_knn_accuracy(z_tr, data.clean, z_te, data.y_test, C,
                                     k=min(cfg["evaluate"]["k"], data.n), sigma=cfg["evaluate"]["sigma"])
         row["knn_top1"] = knn["top1"]
+        # the Sel-CL classifier (trained by L_CLS) on the test set, eval mode: the authors'
+        # per-epoch test_eval, Table 6's "Sel-CL test acc"; free, the logits came with z_te
+        row["test_acc"] = _top1(logits_te, data.y_test)
         history.append(row)
         if on_epoch:
             on_epoch(history)           # live history (the stage rewrites its CSV)
@@ -746,15 +749,21 @@ def baseline(cfg: dict, data: TrainData, device, ckpt: Checkpointer, on_epoch=No
     return {"model": model.state_dict(), "history": history}
 
 
+def _top1(logits: torch.Tensor, labels: torch.Tensor) -> float:
+    """Percent of rows whose argmax is the label (as `evaluate.test_accuracy`)."""
+    return 100.0 * (logits.argmax(1) == labels).float().mean().item()
+
+
 def knn_report(model_state: dict, cfg: dict, data: TrainData, device) -> dict:
-    """Weighted k-NN (§8) of the pre-trained encoder's z, clean- and noisy-label protocols."""
+    """Weighted k-NN (§8) of the pre-trained encoder's z, clean- and noisy-label protocols,
+    and the test accuracy of the pre-trained (Sel-CL) classifier."""
     model = make_model(cfg["model"], data.num_classes, device)
     model.load_state_dict(model_state)
     z_tr, _ = embed(model, data.x, data.mean, data.std, crop=data.crop)
-    z_te, _ = embed(model, data.x_test, data.mean, data.std, crop=data.crop)
+    z_te, logits_te = embed(model, data.x_test, data.mean, data.std, crop=data.crop)
     ec, C = cfg["evaluate"], data.num_classes
     k = min(ec["k"], data.n)
-    out = {}
+    out = {"selcl_test_top1": _top1(logits_te, data.y_test)}   # the Sel-CL classifier (Table 6)
     for protocol, labels in (("clean", data.clean), ("noisy", data.noisy)):
         acc = weighted_knn_accuracy(z_tr, labels, z_te, data.y_test, C, k=k, sigma=ec["sigma"])
         out[f"knn_{protocol}_top1"], out[f"knn_{protocol}_top5"] = acc["top1"], acc["top5"]

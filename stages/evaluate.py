@@ -28,7 +28,7 @@ def run(name: str) -> None:
         with open(tmp, "wb") as fh:
             np.savez(fh, xy=emb.astype(np.float32), labels=data.y_test.cpu().numpy()[pick])
     print(f"[evaluate] {name}: weighted kNN top-1 clean {metrics['knn_clean_top1']:.2f} / "
-          f"noisy {metrics['knn_noisy_top1']:.2f}")
+          f"noisy {metrics['knn_noisy_top1']:.2f}; Sel-CL classifier {metrics['selcl_test_top1']:.2f}")
 
 
 if __name__ == "__main__":

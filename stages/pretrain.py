@@ -27,7 +27,7 @@ def run(name: str) -> None:
     write_history(out / "pretrain_history.csv", state["history"])
     last = state["history"][-1]
     summary = {k: last[k] for k in ("n_selected", "n_per_class", "threshold", "n_pairs", "precision_T",
-                                    "recall_T", "precision_G", "pseudo_label_accuracy", "knn_top1")
+                                    "recall_T", "precision_G", "pseudo_label_accuracy", "knn_top1", "test_acc")
                if k in last}
     summary["env"] = describe(device)     # for the report's environment table (not a DVC metric)
     checkpoint.write_json(out / "pretrain.json", summary)

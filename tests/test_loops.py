@@ -167,3 +167,21 @@ def test_pretraining_steps_through_the_last_smaller_batch(tmp_path, monkeypatch)
     assert sizes["sel"] == [32, 32, 32, 24] * (cfg["pretrain"]["epochs"] - cfg["warmup"]["epochs"])
     assert enq == [64, 64, 64, 48] * cfg["pretrain"]["epochs"]
     assert all(torch.isfinite(torch.tensor(h["loss"])) for h in pre["history"])
+
+
+def test_pretraining_logs_the_sel_cl_classifiers_test_accuracy(tmp_path):
+    """Every pre-training epoch logs the classifier's test accuracy in eval mode (the
+    authors' per-epoch test_eval; Table 6's "Sel-CL test acc"), and the evaluate stage's
+    `selcl_test_top1` is the same number for the final model."""
+    from selcl.evaluate import test_accuracy
+    torch.set_num_threads(2)
+    cfg = _cfg()
+    data = digits_data(cfg["noise"], n=128, n_test=64)
+    warm = loops.warmup(cfg, data, CPU, _ck(tmp_path, "warmup"))
+    pre = loops.pretrain(cfg, data, warm, CPU, _ck(tmp_path, "pretrain"))
+    assert all(0.0 <= h["test_acc"] <= 100.0 for h in pre["history"])
+    report, _ = loops.knn_report(pre["model"], cfg, data, CPU)
+    model = loops.make_model(cfg["model"], data.num_classes, CPU)
+    model.load_state_dict(pre["model"])
+    expect = test_accuracy(model, data.x_test, data.y_test, data.mean, data.std)["top1"]
+    assert pre["history"][-1]["test_acc"] == report["selcl_test_top1"] == expect

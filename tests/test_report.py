@@ -20,7 +20,8 @@ def fake_run(folder: Path, selcl_plus: float, ce: float, classes: int = 10) -> N
     (folder / "finetune.json").write_text(json.dumps({"test_acc_mean_last": selcl_plus, "test_acc_last": selcl_plus}))
     (folder / "baseline.json").write_text(json.dumps({"enabled": True, "test_acc_mean_last": ce,
                                                       "test_acc_best": ce + 1}))
-    (folder / "evaluate.json").write_text(json.dumps({"knn_clean_top1": 92.0, "knn_noisy_top1": 90.0}))
+    (folder / "evaluate.json").write_text(json.dumps({"knn_clean_top1": 92.0, "knn_noisy_top1": 90.0,
+                                                      "selcl_test_top1": 88.0}))
     (folder / "pretrain.json").write_text(json.dumps({"n_selected": 100, "precision_T": 0.9, "env": {"device": "cpu"}}))
     (folder / "noise.json").write_text(json.dumps({"realised_noise_rate": 0.2}))
     (folder / "data.json").write_text(json.dumps({"num_classes": classes, "dataset": "cifar10",
@@ -92,11 +93,32 @@ def test_a_short_or_ablated_run_is_never_a_reproduction(tmp_path, monkeypatch):
     assert "pretrain.epochs = 21 (paper: 250); pretrain.lr_decay_epochs = [15] (paper: [125, 200])" in md
     assert "reproduced" not in summary and "not_reproduced" not in summary
     # Table 6's row, the paper's number as printed (70.6, not 70.60); no Table 2 number beside a variant
-    assert "| c100_nomix | sym20 | no_mixup | Sel-CL k-NN | 92.00 | 70.6 |" in md
+    assert "| c100_nomix | sym20 | no_mixup | Sel-CL test acc / k-NN | 88.00 / 92.00 | 70.3 / 70.6 |" in md
     assert "| c100_nomix | 92.00 |" in md and _row(md, "c100_nomix", "| 92.00 | — | 90.00 |").endswith("| — |")
     # the supplement's sensitivity: α = 0.75 on CIFAR-10 asym40 is 89.9
     assert "| alpha75 | cifar10 asym40 | alpha | 0.75 | 88.00 | 89.9 |" in md
     assert "noise.rate = 0.405 (the paper's rates are whole percents)" in md
+
+
+def test_table6_sets_the_sel_cl_classifier_and_k_nn_beside_the_papers_pair(tmp_path, monkeypatch):
+    """Table 6 reports Sel-CL by its pre-trained classifier's test accuracy and its k-NN,
+    as the paper's two columns: the full method gets a `sel_cl` row above its Sel-CL+ row;
+    without L_CLS the classifier is untrained, so its cell is "—" like the paper's."""
+    c100 = {"data": {"dataset": "cifar100"}, "noise": {"rate": 0.2},
+            "pretrain": {"alpha": 0.75, "beta": 0.35, "queue_per_class": 100}}
+    md, _ = _report(tmp_path, monkeypatch, {
+        "cifar100_sym20": None,
+        "c100_nocls": {**c100, "pretrain": {**c100["pretrain"], "classifier": False}},
+        "c100_two": {**c100, "pretrain": {**c100["pretrain"], "mixup": False, "memory": False}},
+        "c100_noreinit": {**c100, "finetune": {"reinit_classifier": False}},
+    }, {n: (76.0, 60.0) for n in ("cifar100_sym20", "c100_nocls", "c100_two", "c100_noreinit")})
+    assert "| cifar100_sym20 | sym20 | sel_cl | Sel-CL test acc / k-NN | 88.00 / 92.00 | 74.9 / 75.4 |" in md
+    assert "| cifar100_sym20 | sym20 | plus | Sel-CL+ test acc | 76.00 | 76.5 |" in md
+    assert "| c100_nocls | sym20 | no_classifier | Sel-CL test acc / k-NN | — / 92.00 | — / 69.9 |" in md
+    assert "| c100_two | sym20 | no_mixup + no_memory_queue | Sel-CL test acc / k-NN | 88.00 / 92.00 | — |" in md
+    # a fine-tuning switch leaves Sel-CL the paper's
+    assert "| c100_noreinit | sym20 | sel_cl | Sel-CL test acc / k-NN | 88.00 / 92.00 | 74.9 / 75.4 |" in md
+    assert "| c100_noreinit | sym20 | plus_no_retrain_cls | Sel-CL+ test acc | 76.00 | 76.4 |" in md
 
 
 def test_a_mixup_baseline_is_named_and_set_beside_the_papers_mixup_row(tmp_path, monkeypatch):
