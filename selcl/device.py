@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import platform
 import sys
 import tempfile
 import time
@@ -192,10 +193,23 @@ def faiss_gpu_available() -> bool:
                 and faiss.get_num_gpus() > 0)
 
 
+def cpu_name() -> str:
+    """The host CPU's model ("Intel(R) Xeon(R) Processor", "AMD EPYC 7B13"): CPU timings
+    differ ~1.6x between this project's 2-core hosts, so a time needs its host."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown"
+
+
 def describe(device: torch.device) -> dict:
-    """Versions and device for the report (issue: record torch, CUDA, faiss, device)."""
+    """Versions and device for the report (issue: record torch, CUDA, faiss, device),
+    and the host CPU with the threads torch uses."""
     info = {"torch": torch.__version__, "cuda": torch.version.cuda or "none",
-            "device": str(device)}
+            "device": str(device), "cpu": f"{cpu_name()}, {torch.get_num_threads()} threads"}
     try:
         import faiss
         info["faiss"] = getattr(faiss, "__version__", "unknown")

@@ -74,6 +74,7 @@ def test_report_states_budgets_verdicts_and_table_rows(tmp_path, monkeypatch):
     assert "r·(C−1)/C" in md and "0.180" in md                       # expected sym rate 0.2·9/10
     metrics = json.loads((tmp_path / "reports" / "metrics" / "cifar10_sym20.json").read_text())
     assert all(isinstance(v, float) for v in metrics.values()) and "env" not in metrics
+    assert "| cifar10_sym20 | cpu | — |" in md           # an older run's env has no host CPU
     assert summary == {"mean_gain_over_ce": round((15.1 + 20 + 21 + 20) / 4, 4), "reproduced": 1, "not_reproduced": 1}
     assert (tmp_path / "reports" / "figures" / "cifar10_sym20_accuracy.png").stat().st_size > 1000
     assert (tmp_path / "plots" / "accuracy" / "t4_t7.csv").read_text().startswith("epoch,Sel-CL+,CE\n")
@@ -228,3 +229,13 @@ def test_label_file_noise_is_named_with_its_realised_rate(tmp_path, monkeypatch)
     assert "| cifar10n | cifar10 | file: CIFAR-10_human.pt[worse_label], realised 0.40 |" in md
     assert "| cifar10n | file: CIFAR-10_human.pt[worse_label] | — | the label file's own | 0.402 |" in md
     assert "file 0.00" not in md
+
+
+def test_the_environment_names_the_host_cpu_and_its_threads():
+    """CPU timings differ ~1.6x between 2-core hosts: the run's environment records which."""
+    import torch
+
+    from selcl.device import cpu_name, describe
+    env = describe(torch.device("cpu"))
+    assert env["cpu"] == f"{cpu_name()}, {torch.get_num_threads()} threads"
+    assert cpu_name() not in ("", "unknown")
