@@ -64,9 +64,14 @@ def weighted_knn_accuracy(train_z, train_labels, test_z, test_labels, num_classe
     return topk_accuracy(scores, test_labels)
 
 
+def argmax_accuracy(logits: torch.Tensor, labels: torch.Tensor) -> float:
+    """Percent of rows whose argmax is the label: a classifier's top-1."""
+    return 100.0 * (logits.argmax(1) == labels).float().mean().item()
+
+
 def test_accuracy(model, x_test, y_test, mean, std, crop=None) -> dict:
     """Classifier accuracy (percent) on un-augmented (centre-cropped) test images:
     {"top1", "top5"} (top-5: the paper's WebVision Table 5; top-1 by argmax)."""
     _, logits = embed(model, x_test, mean, std, crop=crop)
-    return {"top1": 100.0 * (logits.argmax(1) == y_test).float().mean().item(),
+    return {"top1": argmax_accuracy(logits, y_test),
             "top5": topk_accuracy(logits, y_test, ks=(5,))["top5"]}

@@ -30,7 +30,7 @@ from . import augment, dist, losses
 from .checkpoint import Checkpointer
 from .device import (autocast, compiled, compiles, env_flag, is_cuda, knn_index_for, memory_format,
                      split_views, synchronize)
-from .evaluate import embed, test_accuracy, weighted_knn_accuracy
+from .evaluate import argmax_accuracy, embed, test_accuracy, weighted_knn_accuracy
 from .memory import KeyQueue, LabelledMemory
 from .models import EMA, bn_groups, build_model, frozen_bn_statistics, per_group_sync_bn
 from .pairs import pair_rule
@@ -602,7 +602,7 @@ def pretrain(cfg: dict, data: TrainData, warm: dict, device, ckpt: Checkpointer,
         row["knn_top1"] = knn["top1"]
         # the Sel-CL classifier (trained by L_CLS) on the test set, eval mode: the authors'
         # per-epoch test_eval, Table 6's "Sel-CL test acc"; free, the logits came with z_te
-        row["test_acc"] = _top1(logits_te, data.y_test)
+        row["test_acc"] = argmax_accuracy(logits_te, data.y_test)
         history.append(row)
         if on_epoch:
             on_epoch(history)           # live history (the stage rewrites its CSV)
@@ -749,11 +749,6 @@ def baseline(cfg: dict, data: TrainData, device, ckpt: Checkpointer, on_epoch=No
     return {"model": model.state_dict(), "history": history}
 
 
-def _top1(logits: torch.Tensor, labels: torch.Tensor) -> float:
-    """Percent of rows whose argmax is the label (as `evaluate.test_accuracy`)."""
-    return 100.0 * (logits.argmax(1) == labels).float().mean().item()
-
-
 def knn_report(model_state: dict, cfg: dict, data: TrainData, device) -> dict:
     """Weighted k-NN (§8) of the pre-trained encoder's z, clean- and noisy-label protocols,
     and the test accuracy of the pre-trained (Sel-CL) classifier."""
@@ -763,7 +758,7 @@ def knn_report(model_state: dict, cfg: dict, data: TrainData, device) -> dict:
     z_te, logits_te = embed(model, data.x_test, data.mean, data.std, crop=data.crop)
     ec, C = cfg["evaluate"], data.num_classes
     k = min(ec["k"], data.n)
-    out = {"selcl_test_top1": _top1(logits_te, data.y_test)}   # the Sel-CL classifier (Table 6)
+    out = {"selcl_test_top1": argmax_accuracy(logits_te, data.y_test)}   # the Sel-CL classifier (Table 6)
     for protocol, labels in (("clean", data.clean), ("noisy", data.noisy)):
         acc = weighted_knn_accuracy(z_tr, labels, z_te, data.y_test, C, k=k, sigma=ec["sigma"])
         out[f"knn_{protocol}_top1"], out[f"knn_{protocol}_top5"] = acc["top1"], acc["top5"]
