@@ -65,3 +65,15 @@ def test_collect_also_names_a_missing_experiment(tmp_path, capsys):
     rc = main(["collect", "cpu_cifar10_asym40", "--out", str(tmp_path / "x"),
                "--also", "no-such-experiment-anywhere=4"])
     assert rc == 2 and "no-such-experiment-anywhere" in capsys.readouterr().err
+
+
+def test_ce_factor_trains_ce_longer_and_scales_only_ce():
+    """`--ce-factor 4/3` at a quarter of asym40 (CE 240 → 80, decays at 40 and 60) keeps the
+    first presets' CE (80 epochs for 1 + 30 + 20) while Sel-CL+'s epochs stay as without it."""
+    cfg = resolve(load_params(ROOT / "params.yaml"), "cpu_cifar10_asym40")
+    plain, longer = scaled(cfg, 0.25), scaled(cfg, 0.25, ce_factor=4 / 3)
+    assert longer["baseline.epochs"] == round(cfg["baseline"]["epochs"] / 3)
+    assert longer["baseline.lr_decay_epochs"] == [round(d / 3) for d in cfg["baseline"]["lr_decay_epochs"]]
+    assert longer["baseline.epochs"] > plain["baseline.epochs"]
+    assert {k: v for k, v in longer.items() if not k.startswith("baseline.")} == \
+        {k: v for k, v in plain.items() if not k.startswith("baseline.")}

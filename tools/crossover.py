@@ -31,14 +31,17 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 
-def scaled(cfg: dict, scale: float) -> dict:
-    """{"section.key": value} overrides that scale the setting's budget by `scale`."""
+def scaled(cfg: dict, scale: float, ce_factor: float = 1.0) -> dict:
+    """{"section.key": value} overrides that scale the setting's budget by `scale`; CE's
+    epochs and lr decays by `scale * ce_factor` (ce_factor > 1: CE trained longer than
+    the setting's ratio of CE to Sel-CL+ epochs, e.g. to keep an earlier study's ratio)."""
     w = cfg["warmup"]["epochs"]
     pre = max(1, round((cfg["pretrain"]["epochs"] - w) * scale))      # pre-training proper
     ft = max(1, round(cfg["finetune"]["epochs"] * scale))
-    ce = max(1, round(cfg["baseline"]["epochs"] * scale))
+    ce_scale = scale * ce_factor
+    ce = max(1, round(cfg["baseline"]["epochs"] * ce_scale))
 
-    def decays(epochs: list, new_total: int, offset: int = 0) -> list:
+    def decays(epochs: list, new_total: int, offset: int = 0, scale: float = scale) -> list:
         out = sorted({offset + max(1, round((d - offset) * scale)) for d in epochs})
         return [d for d in out if d < new_total]
     return {
@@ -48,7 +51,7 @@ def scaled(cfg: dict, scale: float) -> dict:
         "finetune.bootstrap_start": max(1, min(ft, round(cfg["finetune"]["bootstrap_start"] * scale))),
         "finetune.eval_last": min(cfg["finetune"]["eval_last"], ft),
         "baseline.epochs": ce,
-        "baseline.lr_decay_epochs": decays(cfg["baseline"]["lr_decay_epochs"], ce),
+        "baseline.lr_decay_epochs": decays(cfg["baseline"]["lr_decay_epochs"], ce, scale=ce_scale),
         "baseline.eval_last": min(cfg["baseline"]["eval_last"], ce),
     }
 
@@ -62,7 +65,7 @@ def queue(args, extra: list[str]) -> int:
     cfg = resolve(load_params(ROOT / "params.yaml"), args.setting)
     for scale in args.scales:
         sets = [f"run=[{args.setting}]"]
-        for key, value in scaled(cfg, scale).items():
+        for key, value in scaled(cfg, scale, args.ce_factor).items():
             sets.append(f"++settings.{args.setting}.{key}=" + json.dumps(value, separators=(",", ":")))
         cmd = ["dvc", "exp", "run", "--queue", "--name", exp_name(args.setting, scale)]
         for s in sets:
@@ -229,6 +232,8 @@ def main(argv: list[str] | None = None) -> int:
     q = sub.add_parser("queue", help="queue one experiment per scale (extra args go to `dvc exp run`)")
     q.add_argument("setting")
     q.add_argument("--scales", type=float, nargs="+", default=[0.25, 0.5, 1.0, 2.0])
+    q.add_argument("--ce-factor", type=float, default=1.0,
+                   help="CE's epochs scale by scale × this (default 1: the setting's ratio to Sel-CL+)")
     q.add_argument("--start", action="store_true", help="then `dvc queue start`")
     q.add_argument("--jobs", type=int, default=1, help="workers for --start (default 1: 2 cores)")
     c = sub.add_parser("collect", help="table + figure from the finished experiments")
