@@ -188,6 +188,26 @@ def _batches(n: int, batch_size: int, g: torch.Generator, device, drop_last: boo
         yield dist.shard(idx)
 
 
+class EpochMeans:
+    """Per-example means of the step outputs over one epoch, as the authors' meters
+    (`AverageMeter.update(loss, batch_size)`): a step's value weighs by its batch size,
+    so the short last batch counts for the examples it holds, not as a full one. Sums
+    stay on the device (no sync per step); under DDP every rank holds an equal shard,
+    so the average of the ranks' means is the mean over all examples."""
+
+    def __init__(self):
+        self.sums: dict = {}
+        self.seen = 0
+
+    def add(self, out: dict, n: int) -> None:
+        for k, v in out.items():
+            self.sums[k] = self.sums.get(k, 0.0) + v * n
+        self.seen += n
+
+    def means(self) -> dict:
+        return {k: float(dist.average(torch.as_tensor(v))) / max(self.seen, 1) for k, v in self.sums.items()}
+
+
 def _progress(iterable, desc: str, total=None, initial=0):
     return tqdm(iterable, desc=desc, total=total, initial=initial, dynamic_ncols=True, leave=True)
 
@@ -251,17 +271,15 @@ def warmup(cfg: dict, data: TrainData, device, ckpt: Checkpointer, on_epoch=None
     same_label = pair_rule(None, data.noisy, data.clean, selected_sets="all")
     for epoch in _progress(range(start, wc["epochs"] + 1), "warm-up", total=wc["epochs"], initial=start - 1):
         tr.model.train(); tr.ema.model.train()
-        sums: dict = {}
+        means = EpochMeans()
         for it, idx in enumerate(_batches(data.n, pc["batch_size"], tr.order, device, pc["drop_last"])):
             set_lr(tr.opt, lr_at(pc, epoch, it, iters))
             if wc["method"] == "uns_cl":
                 out = tr.uns_step(data, idx)
             else:
                 out = tr.step(data, idx, same_label, everyone, read_memory=False, supervised_warmup=True)
-            for k, v in out.items():
-                sums[k] = sums.get(k, 0.0) + v
-        row = {"epoch": epoch, "lr": tr.opt.param_groups[0]["lr"]}
-        row.update({k: float(dist.average(torch.as_tensor(v))) / max(iters, 1) for k, v in sums.items()})
+            means.add(out, len(idx))
+        row = {"epoch": epoch, "lr": tr.opt.param_groups[0]["lr"], **means.means()}
         history.append(row)
         if on_epoch:
             on_epoch(history)           # live history (the stage rewrites its CSV)
@@ -574,12 +592,11 @@ def pretrain(cfg: dict, data: TrainData, warm: dict, device, ckpt: Checkpointer,
         T_idx = torch.nonzero(rule.examples).squeeze(1)
         read_memory = pc["memory"] and epoch >= pc["memory_start_epoch"]
         tr.model.train(); tr.ema.model.train()     # EMA BatchNorm: batch statistics (§2)
-        sums: dict = {}
+        means = EpochMeans()
         t0 = time.perf_counter()
         for it, idx in enumerate(_batches(data.n, pc["batch_size"], tr.order, device, pc["drop_last"])):
             set_lr(tr.opt, lr_at(pc, epoch, it, iters))
-            for k, v in tr.step(data, idx, rule, T_idx, read_memory).items():
-                sums[k] = sums.get(k, 0.0) + v     # tensors stay on the device: no sync per step
+            means.add(tr.step(data, idx, rule, T_idx, read_memory), len(idx))
         synchronize(device)
         t1 = time.perf_counter()
         # Per-epoch selection from the online network (§5), then the log.
@@ -593,8 +610,7 @@ def pretrain(cfg: dict, data: TrainData, warm: dict, device, ckpt: Checkpointer,
                                        .view(torch.int64).to(selection.examples.device)]))
         synchronize(device)
         t2 = time.perf_counter()
-        row = {"epoch": epoch, "lr": tr.opt.param_groups[0]["lr"]}
-        row.update({k: float(dist.average(torch.as_tensor(v))) / max(iters, 1) for k, v in sums.items()})
+        row = {"epoch": epoch, "lr": tr.opt.param_groups[0]["lr"], **means.means()}
         row.update(_selection_log(selection))
         z_te, logits_te = embed(tr.model, data.x_test, data.mean, data.std, crop=data.crop)
         knn = weighted_knn_accuracy(z_tr, data.clean, z_te, data.y_test, C,
@@ -641,7 +657,7 @@ def _train_classifier(model, data: TrainData, idx_pool: torch.Tensor, tc: dict, 
     bar = _progress(range(start, tc["epochs"] + 1), desc, total=tc["epochs"], initial=start - 1)
     for epoch in bar:
         model.train()
-        loss_sum = torch.zeros((), device=device)
+        means = EpochMeans()
         for it, b in enumerate(_batches(n, B, order, device, tc["drop_last"])):
             set_lr(opt, lr_at(tc, epoch, it, iters))
             idx = idx_pool[b]                             # this rank's shard of the batch
@@ -677,11 +693,11 @@ def _train_classifier(model, data: TrainData, idx_pool: torch.Tensor, tc: dict, 
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
-            loss_sum += loss.detach()
+            means.add({"loss": loss.detach()}, len(idx))
         dist.sync_buffers(model)
         scores = test_accuracy(model, data.x_test, data.y_test, data.mean, data.std, data.crop)
         acc = scores["top1"]
-        row = {"epoch": epoch, "loss": float(dist.average(loss_sum)) / iters, "test_acc": acc,
+        row = {"epoch": epoch, "loss": means.means()["loss"], "test_acc": acc,
                "test_top5": scores["top5"], "lr": opt.param_groups[0]["lr"]}
         if data.x_test2 is not None:                  # the second test set (WebVision-50: ILSVRC12 val)
             s2 = test_accuracy(model, data.x_test2, data.y_test2, data.mean, data.std, data.crop)

@@ -185,3 +185,17 @@ def test_pretraining_logs_the_sel_cl_classifiers_test_accuracy(tmp_path):
     model.load_state_dict(pre["model"])
     expect = test_accuracy(model, data.x_test, data.y_test, data.mean, data.std)["top1"]
     assert pre["history"][-1]["test_acc"] == report["selcl_test_top1"] == expect
+
+
+def test_epoch_means_weigh_each_step_by_its_batch_size():
+    """The logged per-epoch losses are per-example means, as the authors' meters
+    (`update(loss, batch_size)`): a short last batch of 8 after one of 64 counts for 8
+    examples, so (64·1 + 8·4) / 72, not the mean of the two steps (2.5)."""
+    from selcl.train import EpochMeans
+    m = EpochMeans()
+    m.add({"loss": torch.tensor(1.0), "fallback": torch.tensor(0.25)}, 64)
+    m.add({"loss": torch.tensor(4.0), "fallback": torch.tensor(1.0)}, 8)
+    got = m.means()
+    assert got["loss"] == pytest.approx(96 / 72)
+    assert got["fallback"] == pytest.approx((16 + 8) / 72)     # the share of examples that fell back
+    assert EpochMeans().means() == {}
