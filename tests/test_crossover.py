@@ -2,6 +2,7 @@
 lr decays stay inside their runs, CE keeps its ratio to Sel-CL+."""
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -77,3 +78,38 @@ def test_ce_factor_trains_ce_longer_and_scales_only_ce():
     assert longer["baseline.epochs"] > plain["baseline.epochs"]
     assert {k: v for k, v in longer.items() if not k.startswith("baseline.")} == \
         {k: v for k, v in plain.items() if not k.startswith("baseline.")}
+
+
+def _write_run(folder: Path, s: str, pre_epochs: range, ft: int, ce: int, selcl_plus: float, ce_acc: float):
+    """A folder as `collect --histories` writes it, with made-up numbers."""
+    folder.mkdir(parents=True)
+    (folder / f"{s}.json").write_text(json.dumps({
+        "selcl_plus": selcl_plus, "ce": ce_acc, "precision_T": 0.9, "recall_T": 0.6, "knn_clean": 50.0}))
+    (folder / "pretrain_history.csv").write_text(
+        "epoch,precision_T\n" + "".join(f"{e},{0.8 + e / 100}\n" for e in pre_epochs))
+    (folder / "pretrain_timing.csv").write_text(
+        "epoch,train_s,select_s,knn_s\n" + "".join(f"{e},30,6,24\n" for e in pre_epochs))
+    (folder / "finetune_history.csv").write_text("epoch,test_acc\n" + "".join(f"{e},1\n" for e in range(1, ft + 1)))
+    (folder / "baseline_history.csv").write_text(
+        "epoch,test_acc\n" + "".join(f"{e},{ce_acc + e}\n" for e in range(1, ce + 1)))
+
+
+def test_collect_reads_runs_of_another_clone_from_their_folders(tmp_path):
+    """`--folders DIR=SCALE`: a run kept only as the CSVs `--histories` wrote joins the table;
+    its epochs are counted from its histories (warm-up = epochs before pre-training's first row)."""
+    from crossover import main
+    s = "no_such_setting_here"                          # so no experiment of this clone joins
+    _write_run(tmp_path / "a", s, range(2, 5), ft=2, ce=5, selcl_plus=60.0, ce_acc=50.0)
+    _write_run(tmp_path / "b", s, range(2, 5), ft=2, ce=5, selcl_plus=62.0, ce_acc=51.0)
+    _write_run(tmp_path / "c", s, range(3, 11), ft=4, ce=9, selcl_plus=70.0, ce_acc=52.0)
+    out = tmp_path / "x"
+    assert main(["collect", s, "--out", str(out), "--folders",
+                 f"{tmp_path / 'c'}=2", f"{tmp_path / 'a'}=1", f"{tmp_path / 'b'}=1"]) == 0
+    rows = json.loads(out.with_suffix(".json").read_text())
+    assert [r["scale"] for r in rows] == [1, 1, 2]
+    assert rows[0]["epochs"] == "1 + 3 + 2 / 5" and rows[0]["selcl_epochs"] == 6
+    assert rows[2]["epochs"] == "2 + 8 + 4 / 9" and rows[2]["selcl_epochs"] == 14
+    assert rows[0]["pretrain_min"] == pytest.approx(3 * 60 / 60)
+    assert rows[0]["ce_final"] == 55.0 and rows[0]["ce_best"] == 55.0
+    assert "| 2 | 2 + 8 + 4 / 9 |" in out.with_suffix(".md").read_text()
+    assert out.with_suffix(".png").stat().st_size > 0

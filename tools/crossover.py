@@ -1,11 +1,13 @@
 """Crossover study: Sel-CL+ and CE of one setting at several budgets, as queued DVC
 experiments, then one table and one figure (accuracy against budget, both methods).
 
-    python tools/crossover.py queue cpu_cifar10_asym40 --scales 0.25 0.5 1 2 \\
+    python tools/crossover.py queue cpu_cifar10_asym40 --scales 0.25 0.5 1 2 [--ce-factor F] \\
         [-S '++settings.cpu_cifar10_asym40.data.path=/path/to/cifar10-jpeg.tar.gz'] [--start]
     dvc queue status                       # they run in the background (`dvc queue start`)
     python tools/crossover.py collect cpu_cifar10_asym40 --out bench/results/crossover_asym40 \\
-        [--keep bench/results/crossover_asym40.json]   # rows measured in another clone
+        [--also NAME=SCALE ...]          # other experiments of the setting (e.g. seeds of the preset)
+        [--folders DIR=SCALE ...]        # runs of another clone, from the folders --histories wrote
+        [--keep bench/results/crossover_asym40.json]   # rows of an earlier collect, markers only
         [--histories bench/results/cpu_real_histories]  # each experiment's CSVs into the tree
 
 A budget is the setting's epochs times a scale: pre-training (after its warm-up),
@@ -112,27 +114,40 @@ def keep_earlier(rows: list[dict], earlier: list[dict]) -> list[dict]:
     return rows + [dict(r, kept=True) for r in earlier if r["name"] not in names]
 
 
+_FILES = ("reports/metrics/{s}.json", "runs/{s}/pretrain_history.csv", "runs/{s}/finetune_history.csv",
+          "runs/{s}/baseline_history.csv", "runs/{s}/pretrain_timing.csv")
+
+
 def _experiment_row(s: str, name: str, rev: str, scale: float, source: str, histories: str | None) -> dict:
     """One table row from experiment `name` (commit `rev`) of setting `s`."""
-    from selcl.config import resolve
-    cfg = resolve(yaml.safe_load(_read("params.yaml", rev)), s)
-    files = {f: _read(f, rev) for f in (f"reports/metrics/{s}.json", f"runs/{s}/pretrain_history.csv",
-                                         f"runs/{s}/finetune_history.csv", f"runs/{s}/baseline_history.csv",
-                                         f"runs/{s}/pretrain_timing.csv")}
+    files = {f: _read(f, rev) for f in (f.format(s=s) for f in _FILES)}
     if histories:            # experiments live in this clone only: keep their numbers in the tree
         keep = Path(histories) / name
         keep.mkdir(parents=True, exist_ok=True)
         for f, text in files.items():
             (keep / Path(f).name).write_text(text)
+    return _row(s, name, scale, source, files)
+
+
+def _folder_row(s: str, folder: str, scale: float) -> dict:
+    """One table row from a folder that `--histories` wrote (a run of another clone)."""
+    files = {f: (Path(folder) / Path(f).name).read_text() for f in (f.format(s=s) for f in _FILES)}
+    return _row(s, Path(folder).name, scale, f"{folder}", files)
+
+
+def _row(s: str, name: str, scale: float, source: str, files: dict) -> dict:
+    """The row of one run; its epochs are counted from its own histories (warm-up = the
+    epochs before pre-training's first row), so no params file is needed."""
     metrics = json.loads(files[f"reports/metrics/{s}.json"])
     pre_hist = _csv(files[f"runs/{s}/pretrain_history.csv"])
+    ft_hist = _csv(files[f"runs/{s}/finetune_history.csv"])
     ce_hist = _csv(files[f"runs/{s}/baseline_history.csv"])
     timing = _csv(files[f"runs/{s}/pretrain_timing.csv"])
+    warm, last = int(pre_hist[0]["epoch"]) - 1, int(pre_hist[-1]["epoch"])
     return {
         "name": name, "scale": scale, "source": source,
-        "epochs": f"{cfg['warmup']['epochs']} + {cfg['pretrain']['epochs'] - cfg['warmup']['epochs']} + "
-                  f"{cfg['finetune']['epochs']} / {cfg['baseline']['epochs']}",
-        "selcl_epochs": cfg["pretrain"]["epochs"] + cfg["finetune"]["epochs"],
+        "epochs": f"{warm} + {last - warm} + {len(ft_hist)} / {len(ce_hist)}",
+        "selcl_epochs": last + len(ft_hist),
         "pretrain_min": sum((t.get(k) or 0) for t in timing for k in ("train_s", "select_s", "knn_s")) / 60,
         "selcl_plus": metrics.get("selcl_plus"), "ce": metrics.get("ce"),
         "ce_final": ce_hist[-1]["test_acc"], "ce_best": max(h["test_acc"] for h in ce_hist),
@@ -160,6 +175,8 @@ def collect(args) -> int:
             for name, rev in every.items() if name.startswith(s + "-x")]
     rows += [_experiment_row(s, name, every[name], float(scale), "DVC queue, " + name, args.histories)
              for name, scale in also]
+    rows += [_folder_row(s, folder, float(scale)) for folder, scale in
+             (item.rpartition("=")[::2] for item in args.folders)]
     for path in args.extra:              # same setting run by bench/parity_runs.py (no DVC)
         for line in Path(path).read_text().splitlines():
             r = json.loads(line)
@@ -194,27 +211,32 @@ def collect(args) -> int:
         lines.append(f"| {r['scale']:g} | {r['epochs']} | {r['pretrain_min']:.1f} | {r['selcl_plus']:.2f} | "
                      f"{r['ce']:.2f} | {r['ce_final']:.2f} | {r['ce_best']:.2f} | {r['selcl_plus'] - r['ce']:+.2f} | "
                      f"{r['precision_T']:.3f} | {r['recall_T']:.3f} | {r['knn']:.2f} | {source} |")
-    lines += ["", "Precision of T by pre-training epoch:", ""]
-    lines += [f"* ×{r['scale']:g} ({_source(r)}): {', '.join(map(str, r['precision_T_by_epoch']))}" for r in rows]
+    lines += ["", "Precision of T by pre-training epoch (its first, every 10th, its last):", ""]
+    for r in rows:
+        p = r["precision_T_by_epoch"]
+        shown = [p[i] for i in range(len(p)) if i == 0 or (i + 1) % 10 == 0 or i == len(p) - 1]
+        lines.append(f"* ×{r['scale']:g} ({_source(r)}): {', '.join(map(str, shown))}")
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
     out.with_suffix(".json").write_text(json.dumps(rows, indent=1))
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(5, 3.5))
-    # lines join one run per budget (this collect's experiments where there are any);
-    # other runs of a budget (another clone, bench/parity_runs.py) are unjoined markers
-    own = [r for r in rows if _source(r) == "DVC queue"]
-    line_rows = own if len({r["scale"] for r in own}) == len(own) and len(own) >= 2 else rows
-    others = [r for r in rows if r not in line_rows]
-    x = [r["selcl_epochs"] for r in line_rows]
-    ax.plot(x, [r["selcl_plus"] for r in line_rows], "o-", color="C0", label="Sel-CL+")
-    ax.plot(x, [r["ce"] for r in line_rows], "s-", color="C1", label="CE (mean of last)")
-    ax.plot(x, [r["ce_best"] for r in line_rows], "s:", color="C1", alpha=0.5, label="CE best epoch")
+    # lines join each budget's mean over this collect's runs (experiments, --also,
+    # --folders, --extra); every run is also a hollow marker where a budget has several,
+    # and rows kept from an earlier collect (--keep: other code, other clone) are markers only
+    fresh = [r for r in rows if not r.get("kept")] or rows
+    budgets = sorted({r["selcl_epochs"] for r in fresh})
+    at = {b: [r for r in fresh if r["selcl_epochs"] == b] for b in budgets}
+    mean = {k: [sum(r[k] for r in at[b]) / len(at[b]) for b in budgets] for k in ("selcl_plus", "ce", "ce_best")}
+    ax.plot(budgets, mean["selcl_plus"], "o-", color="C0", label="Sel-CL+")
+    ax.plot(budgets, mean["ce"], "s-", color="C1", label="CE (mean of last)")
+    ax.plot(budgets, mean["ce_best"], "s:", color="C1", alpha=0.5, label="CE best epoch")
+    others = [r for r in rows if r.get("kept") or len(at.get(r["selcl_epochs"], [])) > 1]
     if others:
         xo = [r["selcl_epochs"] for r in others]
-        ax.plot(xo, [r["selcl_plus"] for r in others], "o", mfc="none", color="C0", label="other runs")
-        ax.plot(xo, [r["ce"] for r in others], "s", mfc="none", color="C1")
+        ax.plot(xo, [r["selcl_plus"] for r in others], "o", mfc="none", color="C0", alpha=0.6, label="single runs")
+        ax.plot(xo, [r["ce"] for r in others], "s", mfc="none", color="C1", alpha=0.6)
     ax.set_xscale("log", base=2)
     ax.set_xlabel("budget: Sel-CL+ epochs in all (CE in proportion)")
     ax.set_ylabel("test accuracy (%)")
@@ -244,6 +266,8 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--histories", help="folder: each experiment's metrics and per-epoch CSVs go to <folder>/<name>/")
     c.add_argument("--also", nargs="*", default=[], metavar="NAME=SCALE",
                    help="other experiments of the setting (any name), drawn as other runs at SCALE")
+    c.add_argument("--folders", nargs="*", default=[], metavar="DIR=SCALE",
+                   help="runs of another clone, from the folders --histories wrote, at SCALE")
     c.add_argument("--keep", nargs="*", default=[],
                    help="JSON of an earlier collect: its rows join the table unless an experiment replaces them")
     args, extra = ap.parse_known_args(argv)
