@@ -5,14 +5,42 @@ Uses only the library's stage functions, so the same file runs against an older 
 
     python bench/parity_runs.py --root . --setting demo_sym40 >> results.jsonl
     python bench/parity_runs.py --root ../old --setting cpu_cifar10_sym40 --path c10.tar.gz
+
+Diagnosis from a finished run (issue 11): `--from-run runs/<setting>` (or `--rev <experiment>`:
+that experiment's runs/<setting>/ from DVC's cache) skips the warm-up and pre-training and
+fine-tunes its pre-trained encoder again, with `--oracles` on T with the clean labels and
+on every example; `--no-finetune` leaves out the plain Sel-CL+ fine-tune (the run has it).
+The run's model seed must be passed (`--set model.seed=N`) for the same fine-tuning draws:
+
+    python bench/parity_runs.py --setting cpu_cifar10_asym40 --rev cpu_cifar10_asym40-keeplast-seed3 \
+        --set model.seed=3 --oracles --no-ce --label oracles-seed3
 """
 from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 import sys
+import tempfile
 import time
+import types
 from pathlib import Path
+
+
+def materialise(root: Path, setting: str, rev: str) -> Path:
+    """runs/<setting>/{data.npz, labels.npz, pretrain.pt} of DVC experiment (or commit) `rev`,
+    read from DVC's cache into a temporary folder, so a finished run's pre-trained encoder can
+    be fine-tuned again without `dvc exp apply` touching the workspace."""
+    import dvc.api
+    refs = subprocess.run(["git", "for-each-ref", "--format=%(refname) %(objectname)", "refs/exps"],
+                          cwd=root, capture_output=True, text=True, check=True).stdout.split("\n")
+    by_name = {ref.rsplit("/", 1)[-1]: sha for ref, _, sha in (line.partition(" ") for line in refs) if ref}
+    sha = by_name.get(rev, rev)
+    out = Path(tempfile.mkdtemp(prefix=f"parity_{setting}_"))
+    for name in ("data.npz", "labels.npz", "pretrain.pt"):
+        with dvc.api.open(f"runs/{setting}/{name}", repo=str(root), rev=sha, mode="rb") as f:
+            (out / name).write_bytes(f.read())
+    return out
 
 
 def main() -> None:
@@ -25,6 +53,12 @@ def main() -> None:
                     help="override one resolved parameter (YAML value), e.g. pretrain.epochs=41")
     ap.add_argument("--history", default=None, help="also write every per-epoch history to this JSON file")
     ap.add_argument("--no-ce", action="store_true", help="skip the CE baseline")
+    ap.add_argument("--from-run", default=None, metavar="DIR",
+                    help="a finished run's folder (data.npz, labels.npz, pretrain.pt): no warm-up or pre-training")
+    ap.add_argument("--rev", default=None, metavar="EXPERIMENT",
+                    help="as --from-run, with runs/<setting>/ of this DVC experiment (name or commit)")
+    ap.add_argument("--no-finetune", action="store_true",
+                    help="with --from-run / --rev: skip the plain Sel-CL+ fine-tune (oracles only)")
     ap.add_argument("--oracles", action="store_true",
                     help="diagnosis: also fine-tune the pre-trained encoder on T with the clean labels, "
                          "on every example with the noisy labels, and on every example with the clean labels")
@@ -47,42 +81,52 @@ def main() -> None:
         key, value = item.split("=", 1)
         section, name = key.split(".", 1)
         cfg[section][name] = yaml.safe_load(value)
-    d, nc = cfg["data"], cfg["noise"]
-    kw = ({"path": args.path or d.get("path"), "subset": d.get("subset"), "subset_test": d.get("subset_test")}
-          if d["dataset"] == "imagefolder" else {})
-    ds = load_dataset(d["dataset"], **kw)
-    C = len(ds.classes)
-    try:                      # as the stage; an older checkout has one generator and no key
-        from selcl.noise import resolve_generator
-        gen = {"generator": resolve_generator(nc.get("generator", "auto"), d["dataset"])}
-    except ImportError:
-        gen = {}
-    noisy = make_noisy_labels(ds.y_train, C, nc["kind"], nc["rate"], nc["seed"],
-                              dataset=nc["asym_map"] if nc["asym_map"] != "auto" else d["dataset"],  # as the stage
-                              include_true_class=nc["include_true_class"], **gen)
-    data = TrainData.build({"x_train": ds.x_train, "y_train": ds.y_train, "x_test": ds.x_test, "y_test": ds.y_test,
-                            "mean": ds.mean, "std": ds.std},
-                           {"noisy": noisy, "clean": ds.y_train, "num_classes": C}, torch.device("cpu"))
+    dev = torch.device("cpu")
+    if args.rev:
+        args.from_run = str(materialise(root, args.setting, args.rev))
+    if args.from_run:          # a finished run: its data, labels and pre-trained encoder
+        data = TrainData.load(args.from_run, dev)
+        ds = types.SimpleNamespace(y_train=data.clean.cpu().numpy())
+        noisy = data.noisy.cpu().numpy()
+    else:
+        d, nc = cfg["data"], cfg["noise"]
+        kw = ({"path": args.path or d.get("path"), "subset": d.get("subset"), "subset_test": d.get("subset_test")}
+              if d["dataset"] == "imagefolder" else {})
+        ds = load_dataset(d["dataset"], **kw)
+        C = len(ds.classes)
+        try:                      # as the stage; an older checkout has one generator and no key
+            from selcl.noise import resolve_generator
+            gen = {"generator": resolve_generator(nc.get("generator", "auto"), d["dataset"])}
+        except ImportError:
+            gen = {}
+        noisy = make_noisy_labels(ds.y_train, C, nc["kind"], nc["rate"], nc["seed"],
+                                  dataset=nc["asym_map"] if nc["asym_map"] != "auto" else d["dataset"],  # as the stage
+                                  include_true_class=nc["include_true_class"], **gen)
+        data = TrainData.build({"x_train": ds.x_train, "y_train": ds.y_train, "x_test": ds.x_test, "y_test": ds.y_test,
+                                "mean": ds.mean, "std": ds.std},
+                               {"noisy": noisy, "clean": ds.y_train, "num_classes": C}, torch.device("cpu"))
     tmp = Path("/tmp") / f"parity_{args.label}_{args.setting}_{time.time_ns()}"
     ck = lambda name: checkpoint.Checkpointer(tmp / f"{name}.pt", name, 10_000)  # noqa: E731
-    dev = torch.device("cpu")
     t0 = time.perf_counter()
-    warm = warmup(cfg, data, dev, ck("warmup"))
-    pre = pretrain(cfg, data, warm, dev, ck("pretrain"))
+    if args.from_run:
+        pre = checkpoint.load(Path(args.from_run) / "pretrain.pt", what="pre-training output")
+    else:
+        warm = warmup(cfg, data, dev, ck("warmup"))
+        pre = pretrain(cfg, data, warm, dev, ck("pretrain"))
     t_pre = time.perf_counter() - t0
-    ft = finetune(cfg, data, pre, dev, ck("finetune"))
+    ft = None if args.from_run and args.no_finetune else finetune(cfg, data, pre, dev, ck("finetune"))
     t_ft = time.perf_counter() - t0 - t_pre
     t1 = time.perf_counter()
     ce = None if args.no_ce else baseline(cfg, data, dev, ck("baseline"))
     t_ce = time.perf_counter() - t1
-    oracles = {}
+    oracles, oracle_histories = {}, {}
     if args.oracles:          # what limits Sel-CL+: the selection, its labels, or the encoder?
         import dataclasses
         every = {**pre, "examples": np.ones(data.n, dtype=bool)}
         clean = dataclasses.replace(data, noisy=data.clean)
         for name, (d_, p_) in {"T_clean_labels": (clean, pre), "all_noisy_labels": (data, every),
                                "all_clean_labels": (clean, every)}.items():
-            h = finetune(cfg, d_, p_, dev, ck(f"oracle_{name}"))["history"]
+            h = oracle_histories[name] = finetune(cfg, d_, p_, dev, ck(f"oracle_{name}"))["history"]
             oracles[name] = summarise(h, cfg["finetune"]["eval_last"])["test_acc_mean_last"]
     # Diagnosis (issue 11): weighted k-NN (clean train labels, §8) on the encoders' features
     # (backbone output, L2-normalised): Sel-CL's pre-trained encoder against the CE network's.
@@ -90,14 +134,15 @@ def main() -> None:
     if ce is not None:
         enc_knn["ce"] = encoder_knn(ce["model"], cfg, data, dev)
     last = pre["history"][-1]
-    s_ft = summarise(ft["history"], cfg["finetune"]["eval_last"])
+    s_ft = summarise(ft["history"], cfg["finetune"]["eval_last"]) if ft else {}
     s_ce = summarise(ce["history"], cfg["baseline"]["eval_last"]) if ce else {}
     print(json.dumps({
         "label": args.label, "setting": args.setting, "n_train": int(data.n),
         "realised_noise": float(np.mean(noisy != ds.y_train)),
         "epochs": {"warmup": cfg["warmup"]["epochs"], "pretrain": cfg["pretrain"]["epochs"],
                    "finetune": cfg["finetune"]["epochs"], "ce": cfg["baseline"]["epochs"]},
-        "selcl_plus_mean_last": s_ft["test_acc_mean_last"], "selcl_plus_final": s_ft["test_acc_last"],
+        "from_run": args.rev or args.from_run,
+        "selcl_plus_mean_last": s_ft.get("test_acc_mean_last"), "selcl_plus_final": s_ft.get("test_acc_last"),
         "ce_mean_last": s_ce.get("test_acc_mean_last"), "ce_final": s_ce.get("test_acc_last"),
         "ce_best": s_ce.get("test_acc_best"), "encoder_knn_top1": enc_knn, "finetune_oracles": oracles,
         "n_T": last.get("n_selected"), "precision_T": last.get("precision_T"), "recall_T": last.get("recall_T"),
@@ -106,8 +151,9 @@ def main() -> None:
         "seconds": {"warmup+pretrain": round(t_pre), "finetune": round(t_ft), "ce": round(t_ce)}}), flush=True)
     if args.history:
         Path(args.history).write_text(json.dumps({
-            "cfg": cfg, "warmup": warm.get("history"), "pretrain": pre["history"], "finetune": ft["history"],
-            "ce": ce["history"] if ce else None}, default=float))
+            "cfg": cfg, "warmup": None if args.from_run else warm.get("history"), "pretrain": pre["history"],
+            "finetune": ft["history"] if ft else None, "ce": ce["history"] if ce else None,
+            "oracles": oracle_histories}, default=float))
 
 
 def encoder_knn(state: dict, cfg: dict, data, dev) -> float:
