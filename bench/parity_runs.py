@@ -10,10 +10,11 @@ Diagnosis from a finished run (issue 11): `--from-run runs/<setting>` (or `--rev
 that experiment's runs/<setting>/ from DVC's cache) skips the warm-up and pre-training and
 fine-tunes its pre-trained encoder again, with `--oracles` on T with the clean labels and
 on every example; `--no-finetune` leaves out the plain Sel-CL+ fine-tune (the run has it).
-The run's model seed must be passed (`--set model.seed=N`) for the same fine-tuning draws:
+`--rev` reads the experiment's own params.yaml (its seed and overrides, so the same fine-tuning
+draws); with `--from-run` the params are --root's, and a run's seed must be passed with `--set`:
 
     python bench/parity_runs.py --setting cpu_cifar10_asym40 --rev cpu_cifar10_asym40-keeplast-seed3 \
-        --set model.seed=3 --oracles --no-ce --label oracles-seed3
+        --oracles --no-ce --label oracles-seed3
 """
 from __future__ import annotations
 
@@ -23,20 +24,26 @@ import subprocess
 import sys
 import tempfile
 import time
-import types
 from pathlib import Path
 
 
 def materialise(root: Path, setting: str, rev: str) -> Path:
-    """runs/<setting>/{data.npz, labels.npz, pretrain.pt} of DVC experiment (or commit) `rev`,
-    read from DVC's cache into a temporary folder, so a finished run's pre-trained encoder can
-    be fine-tuned again without `dvc exp apply` touching the workspace."""
+    """runs/<setting>/{data.npz, labels.npz, pretrain.pt} and params.yaml of DVC experiment (or
+    commit) `rev`, read from git and DVC's cache into a temporary folder (removed at exit), so a
+    finished run's pre-trained encoder can be fine-tuned again with the parameters it ran with
+    (its queued `-S` overrides included) without `dvc exp apply` touching the workspace."""
+    import atexit
+    import shutil
+
     import dvc.api
     refs = subprocess.run(["git", "for-each-ref", "--format=%(refname) %(objectname)", "refs/exps"],
                           cwd=root, capture_output=True, text=True, check=True).stdout.split("\n")
     by_name = {ref.rsplit("/", 1)[-1]: sha for ref, _, sha in (line.partition(" ") for line in refs) if ref}
     sha = by_name.get(rev, rev)
     out = Path(tempfile.mkdtemp(prefix=f"parity_{setting}_"))
+    atexit.register(shutil.rmtree, out, ignore_errors=True)
+    (out / "params.yaml").write_text(subprocess.run(["git", "show", f"{sha}:params.yaml"], cwd=root,
+                                                    capture_output=True, text=True, check=True).stdout)
     for name in ("data.npz", "labels.npz", "pretrain.pt"):
         with dvc.api.open(f"runs/{setting}/{name}", repo=str(root), rev=sha, mode="rb") as f:
             (out / name).write_bytes(f.read())
@@ -53,16 +60,19 @@ def main() -> None:
                     help="override one resolved parameter (YAML value), e.g. pretrain.epochs=41")
     ap.add_argument("--history", default=None, help="also write every per-epoch history to this JSON file")
     ap.add_argument("--no-ce", action="store_true", help="skip the CE baseline")
-    ap.add_argument("--from-run", default=None, metavar="DIR",
-                    help="a finished run's folder (data.npz, labels.npz, pretrain.pt): no warm-up or pre-training")
-    ap.add_argument("--rev", default=None, metavar="EXPERIMENT",
-                    help="as --from-run, with runs/<setting>/ of this DVC experiment (name or commit)")
+    src = ap.add_mutually_exclusive_group()
+    src.add_argument("--from-run", default=None, metavar="DIR",
+                     help="a finished run's folder (data.npz, labels.npz, pretrain.pt): no warm-up or pre-training")
+    src.add_argument("--rev", default=None, metavar="EXPERIMENT",
+                     help="as --from-run, with runs/<setting>/ and params.yaml of this DVC experiment (name or commit)")
     ap.add_argument("--no-finetune", action="store_true",
                     help="with --from-run / --rev: skip the plain Sel-CL+ fine-tune (oracles only)")
     ap.add_argument("--oracles", action="store_true",
                     help="diagnosis: also fine-tune the pre-trained encoder on T with the clean labels, "
                          "on every example with the noisy labels, and on every example with the clean labels")
     args = ap.parse_args()
+    if args.no_finetune and not (args.from_run or args.rev):
+        ap.error("--no-finetune needs --from-run or --rev (a run that has its fine-tune)")
     root = Path(args.root).resolve()
     sys.path.insert(0, str(root))
     import numpy as np
@@ -75,19 +85,19 @@ def main() -> None:
     from selcl.train import TrainData, baseline, finetune, pretrain, summarise, warmup
 
     torch.set_num_threads(int(__import__('os').environ.get('SELCL_THREADS', '2')))
-    cfg = resolve(load_params(root / "params.yaml"), args.setting)
+    dev = torch.device("cpu")
+    params = root / "params.yaml"
+    if args.rev:               # the experiment's files and the params it ran with
+        args.from_run = str(materialise(root, args.setting, args.rev))
+        params = Path(args.from_run) / "params.yaml"
+    cfg = resolve(load_params(params), args.setting)
     import yaml
     for item in args.set:
         key, value = item.split("=", 1)
         section, name = key.split(".", 1)
         cfg[section][name] = yaml.safe_load(value)
-    dev = torch.device("cpu")
-    if args.rev:
-        args.from_run = str(materialise(root, args.setting, args.rev))
     if args.from_run:          # a finished run: its data, labels and pre-trained encoder
         data = TrainData.load(args.from_run, dev)
-        ds = types.SimpleNamespace(y_train=data.clean.cpu().numpy())
-        noisy = data.noisy.cpu().numpy()
     else:
         d, nc = cfg["data"], cfg["noise"]
         kw = ({"path": args.path or d.get("path"), "subset": d.get("subset"), "subset_test": d.get("subset_test")}
@@ -138,7 +148,7 @@ def main() -> None:
     s_ce = summarise(ce["history"], cfg["baseline"]["eval_last"]) if ce else {}
     print(json.dumps({
         "label": args.label, "setting": args.setting, "n_train": int(data.n),
-        "realised_noise": float(np.mean(noisy != ds.y_train)),
+        "realised_noise": float((data.noisy != data.clean).float().mean()),
         "epochs": {"warmup": cfg["warmup"]["epochs"], "pretrain": cfg["pretrain"]["epochs"],
                    "finetune": cfg["finetune"]["epochs"], "ce": cfg["baseline"]["epochs"]},
         "from_run": args.rev or args.from_run,

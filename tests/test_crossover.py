@@ -113,3 +113,15 @@ def test_collect_reads_runs_of_another_clone_from_their_folders(tmp_path):
     assert rows[0]["ce_final"] == 55.0 and rows[0]["ce_best"] == 55.0
     assert "| 2 | 2 + 8 + 4 / 9 |" in out.with_suffix(".md").read_text()
     assert out.with_suffix(".png").stat().st_size > 0
+
+
+def test_ce_factor_names_its_experiments_apart():
+    from crossover import name_scale
+    assert exp_name("s", 0.5, 4 / 3) == "s-x0.5-ce1.33333" != exp_name("s", 0.5)
+    assert name_scale(exp_name("s", 0.5, 4 / 3)) == 0.5 == name_scale(exp_name("s", 0.5))
+
+
+def test_collect_folders_names_a_missing_folder(tmp_path, capsys):
+    from crossover import main
+    assert main(["collect", "s", "--out", str(tmp_path / "x"), "--folders", str(tmp_path / "nowhere") + "=1"]) == 2
+    assert "--folders" in capsys.readouterr().err

@@ -13,21 +13,30 @@ from conftest import PYTHON, ROOT, SETTING, copy_upstream, run_stage_inprocess, 
     write_params
 
 
-@pytest.fixture
-def finished_run(tiny_upstream, tmp_path):
-    """A tiny setting's folder after the pretrain and finetune stages (one thread)."""
-    copy_upstream(tiny_upstream, tmp_path)
-    write_params(tmp_path, tiny_params_dict())
+MARK = 0.123456          # written into the run's pre-training history: must come back from it
+
+
+@pytest.fixture(scope="module")
+def finished_run(tiny_upstream, tmp_path_factory):
+    """A tiny setting's folder after the pretrain and finetune stages (one thread); the last
+    pre-training epoch's precision of T replaced by MARK, so a fresh pre-training shows."""
+    folder = tmp_path_factory.mktemp("finished")
+    copy_upstream(tiny_upstream, folder)
+    write_params(folder, tiny_params_dict())
     mp = pytest.MonkeyPatch()
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
         for stage in ("pretrain", "finetune"):
-            run_stage_inprocess(mp, tmp_path, stage)
+            run_stage_inprocess(mp, folder, stage)
     finally:
         torch.set_num_threads(threads)
         mp.undo()
-    return tmp_path
+    path = folder / "runs" / SETTING / "pretrain.pt"
+    pre = torch.load(path, weights_only=False)
+    pre["history"][-1]["precision_T"] = MARK
+    torch.save(pre, path)
+    return folder
 
 
 def _parity_runs(folder, *args) -> dict:
@@ -41,16 +50,24 @@ def _parity_runs(folder, *args) -> dict:
 
 def test_from_run_refinetunes_the_run_and_its_oracles(finished_run):
     stage = json.loads((finished_run / "runs" / SETTING / "finetune.json").read_text())
-    got = _parity_runs(finished_run, "--oracles")
+    hist = finished_run / "history.json"
+    got = _parity_runs(finished_run, "--oracles", "--history", str(hist))
     assert got["from_run"] == str(finished_run / "runs" / SETTING)
+    assert got["precision_T"] == MARK                                    # the run's encoder, not a new one
+    h = json.loads(hist.read_text())
+    assert h["warmup"] is None and set(h["oracles"]) == set(got["finetune_oracles"])
     assert got["selcl_plus_final"] == stage["test_acc_last"]            # the same fine-tune, bit for bit
     assert got["selcl_plus_mean_last"] == stage["test_acc_mean_last"]
     assert set(got["finetune_oracles"]) == {"T_clean_labels", "all_noisy_labels", "all_clean_labels"}
     assert all(0 <= v <= 100 for v in got["finetune_oracles"].values())
-    pre = torch.load(finished_run / "runs" / SETTING / "pretrain.pt", weights_only=False)
-    assert got["precision_T"] == pre["history"][-1]["precision_T"]       # the run's own selection
 
 
 def test_no_finetune_leaves_out_the_plain_fine_tune(finished_run):
     got = _parity_runs(finished_run, "--no-finetune")
     assert got["selcl_plus_final"] is None and got["finetune_oracles"] == {}
+
+
+def test_no_finetune_needs_a_finished_run(tmp_path):
+    out = subprocess.run([PYTHON, str(ROOT / "bench" / "parity_runs.py"), "--setting", "demo_asym40",
+                          "--no-finetune"], cwd=tmp_path, env=stage_env(), capture_output=True, text=True)
+    assert out.returncode == 2 and "--no-finetune needs --from-run or --rev" in out.stderr

@@ -58,8 +58,14 @@ def scaled(cfg: dict, scale: float, ce_factor: float = 1.0) -> dict:
     }
 
 
-def exp_name(setting: str, scale: float) -> str:
-    return f"{setting}-x{scale:g}"
+def exp_name(setting: str, scale: float, ce_factor: float = 1.0) -> str:
+    """`<setting>-x<scale>`, and `-ce<factor>` when CE's budget is scaled apart."""
+    return f"{setting}-x{scale:g}" + (f"-ce{ce_factor:g}" if ce_factor != 1.0 else "")
+
+
+def name_scale(name: str) -> float:
+    """The Sel-CL+ scale of an experiment named by `exp_name`."""
+    return float(name.rsplit("-x", 1)[1].split("-ce")[0])
 
 
 def queue(args, extra: list[str]) -> int:
@@ -69,7 +75,7 @@ def queue(args, extra: list[str]) -> int:
         sets = [f"run=[{args.setting}]"]
         for key, value in scaled(cfg, scale, args.ce_factor).items():
             sets.append(f"++settings.{args.setting}.{key}=" + json.dumps(value, separators=(",", ":")))
-        cmd = ["dvc", "exp", "run", "--queue", "--name", exp_name(args.setting, scale)]
+        cmd = ["dvc", "exp", "run", "--queue", "--name", exp_name(args.setting, scale, args.ce_factor)]
         for s in sets:
             cmd += ["-S", s]
         cmd += extra
@@ -132,7 +138,7 @@ def _experiment_row(s: str, name: str, rev: str, scale: float, source: str, hist
 def _folder_row(s: str, folder: str, scale: float) -> dict:
     """One table row from a folder that `--histories` wrote (a run of another clone)."""
     files = {f: (Path(folder) / Path(f).name).read_text() for f in (f.format(s=s) for f in _FILES)}
-    return _row(s, Path(folder).name, scale, f"{folder}", files)
+    return _row(s, Path(folder).name, scale, str(folder), files)
 
 
 def _row(s: str, name: str, scale: float, source: str, files: dict) -> dict:
@@ -171,17 +177,21 @@ def collect(args) -> int:
         if name not in every:
             print(f"error: --also {name}: no experiment of that name", file=sys.stderr)
             return 2
-    rows = [_experiment_row(s, name, rev, float(name.rsplit("-x", 1)[1]), "DVC queue", args.histories)
+    rows = [_experiment_row(s, name, rev, name_scale(name), "DVC queue", args.histories)
             for name, rev in every.items() if name.startswith(s + "-x")]
     rows += [_experiment_row(s, name, every[name], float(scale), "DVC queue, " + name, args.histories)
              for name, scale in also]
-    rows += [_folder_row(s, folder, float(scale)) for folder, scale in
-             (item.rpartition("=")[::2] for item in args.folders)]
+    for item in args.folders:
+        folder, _, scale = item.rpartition("=")
+        if not folder or not Path(folder).is_dir():
+            print(f"error: --folders {item}: expected DIR=SCALE with an existing DIR", file=sys.stderr)
+            return 2
+        rows.append(_folder_row(s, folder, float(scale)))
     for path in args.extra:              # same setting run by bench/parity_runs.py (no DVC)
-        for line in Path(path).read_text().splitlines():
+        for line in filter(str.strip, Path(path).read_text().splitlines()):
             r = json.loads(line)
-            if r.get("setting") != s or not line.strip():
-                continue
+            if r.get("setting") != s or r.get("from_run"):
+                continue          # another setting, or a re-fine-tune of a finished run (no budget of its own)
             e = r["epochs"]
             rows.append({
                 "name": f"{s} (parity_runs, {path})", "scale": float(r.get("scale", 1.0)),
