@@ -248,7 +248,7 @@ def collect(args) -> int:
         ax.plot(xo, [r["selcl_plus"] for r in others], "o", mfc="none", color="C0", alpha=0.6, label="single runs")
         ax.plot(xo, [r["ce"] for r in others], "s", mfc="none", color="C1", alpha=0.6)
     ax.set_xscale("log", base=2)
-    ax.set_xlabel("budget: Sel-CL+ epochs in all (CE in proportion)")
+    ax.set_xlabel("budget: Sel-CL+ epochs in all (CE epochs: the table)")
     ax.set_ylabel("test accuracy (%)")
     ax.set_title(f"{s}: accuracy against budget", fontsize=10)
     ax.legend()
