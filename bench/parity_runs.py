@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import tempfile
 import time
@@ -28,25 +27,21 @@ from pathlib import Path
 
 
 def materialise(root: Path, setting: str, rev: str) -> Path:
-    """runs/<setting>/{data.npz, labels.npz, pretrain.pt} and params.yaml of DVC experiment (or
-    commit) `rev`, read from git and DVC's cache into a temporary folder (removed at exit), so a
-    finished run's pre-trained encoder can be fine-tuned again with the parameters it ran with
-    (its queued `-S` overrides included) without `dvc exp apply` touching the workspace."""
+    """runs/<setting>/{data.npz, labels.npz, pretrain.pt} and params.yaml of DVC experiment
+    (name) or commit `rev`, read through `dvc.api` (git for params.yaml, DVC's cache for the
+    outputs) into a temporary folder removed at exit, so a finished run's pre-trained encoder
+    can be fine-tuned again with the parameters it ran with (its queued `-S` overrides
+    included) without `dvc exp apply` touching the workspace."""
     import atexit
     import shutil
 
     import dvc.api
-    refs = subprocess.run(["git", "for-each-ref", "--format=%(refname) %(objectname)", "refs/exps"],
-                          cwd=root, capture_output=True, text=True, check=True).stdout.split("\n")
-    by_name = {ref.rsplit("/", 1)[-1]: sha for ref, _, sha in (line.partition(" ") for line in refs) if ref}
-    sha = by_name.get(rev, rev)
     out = Path(tempfile.mkdtemp(prefix=f"parity_{setting}_"))
     atexit.register(shutil.rmtree, out, ignore_errors=True)
-    (out / "params.yaml").write_text(subprocess.run(["git", "show", f"{sha}:params.yaml"], cwd=root,
-                                                    capture_output=True, text=True, check=True).stdout)
-    for name in ("data.npz", "labels.npz", "pretrain.pt"):
-        with dvc.api.open(f"runs/{setting}/{name}", repo=str(root), rev=sha, mode="rb") as f:
-            (out / name).write_bytes(f.read())
+    for path in ("params.yaml", f"runs/{setting}/data.npz", f"runs/{setting}/labels.npz",
+                 f"runs/{setting}/pretrain.pt"):
+        with dvc.api.open(path, repo=str(root), rev=rev, mode="rb") as f:
+            (out / Path(path).name).write_bytes(f.read())
     return out
 
 

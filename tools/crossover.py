@@ -27,7 +27,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -43,17 +42,17 @@ def scaled(cfg: dict, scale: float, ce_factor: float = 1.0) -> dict:
     ce_scale = scale * ce_factor
     ce = max(1, round(cfg["baseline"]["epochs"] * ce_scale))
 
-    def decays(epochs: list, new_total: int, offset: int = 0, scale: float = scale) -> list:
-        out = sorted({offset + max(1, round((d - offset) * scale)) for d in epochs})
+    def decays(epochs: list, by: float, new_total: int, offset: int = 0) -> list:
+        out = sorted({offset + max(1, round((d - offset) * by)) for d in epochs})
         return [d for d in out if d < new_total]
     return {
         "pretrain.epochs": w + pre,
-        "pretrain.lr_decay_epochs": decays(cfg["pretrain"]["lr_decay_epochs"], w + pre, w),
+        "pretrain.lr_decay_epochs": decays(cfg["pretrain"]["lr_decay_epochs"], scale, w + pre, w),
         "finetune.epochs": ft,
         "finetune.bootstrap_start": max(1, min(ft, round(cfg["finetune"]["bootstrap_start"] * scale))),
         "finetune.eval_last": min(cfg["finetune"]["eval_last"], ft),
         "baseline.epochs": ce,
-        "baseline.lr_decay_epochs": decays(cfg["baseline"]["lr_decay_epochs"], ce, scale=ce_scale),
+        "baseline.lr_decay_epochs": decays(cfg["baseline"]["lr_decay_epochs"], ce_scale, ce),
         "baseline.eval_last": min(cfg["baseline"]["eval_last"], ce),
     }
 
