@@ -2,7 +2,8 @@
 
 A setting's config is `defaults.<section>` updated by `settings.<name>.<section>`
 for each section (data, noise, model, warmup, pretrain, finetune, evaluate,
-baseline); a section or key the setting does not write keeps its default. Validation is strict: unknown keys are rejected with a "did you mean",
+baseline); a section or key the setting does not write keeps its default. Validation is
+strict: unknown keys are rejected with a "did you mean",
 types follow the schema below, ranges (α, β, rates in [0, 1]; K ≥ 1; epochs ≥ 1)
 and names (dataset, noise, arch, …) are checked. Every error is a `ConfigError`
 whose message names the full key, e.g. `settings.demo_sym40.pretrain.alpha`.
@@ -264,10 +265,12 @@ def _check_consistency(name: str, cfg: dict) -> None:
                           f"epoch(s) too (SPEC §10.3), so it must be larger than warmup.epochs")
     ft = cfg["finetune"]
     if ft["eval_last"] > ft["epochs"]:
-        raise ConfigError(f"{where}.finetune.eval_last = {ft['eval_last']}: must be ≤ finetune.epochs ({ft['epochs']})")
+        raise ConfigError(f"{where}.finetune.eval_last = {ft['eval_last']}: "
+                          f"must be ≤ finetune.epochs ({ft['epochs']})")
     bl = cfg["baseline"]
     if bl["eval_last"] > bl["epochs"]:
-        raise ConfigError(f"{where}.baseline.eval_last = {bl['eval_last']}: must be ≤ baseline.epochs ({bl['epochs']})")
+        raise ConfigError(f"{where}.baseline.eval_last = {bl['eval_last']}: "
+                          f"must be ≤ baseline.epochs ({bl['epochs']})")
 
 
 def resolve(params: dict, name: str, *, validated: bool = False) -> dict:

@@ -180,7 +180,8 @@ def similarity_term(p_anchor: torch.Tensor, p_cands: torch.Tensor, lam: torch.Te
     p_anchor [A,C] softmax of the anchors, p_cands [M,C] (online for the batch term, EMA
     for the memory term), lam [A], masks of the same term.
       t_x[a,c] = sup_x + unsup_x  (2 at the partner's own current views, as the authors')
-      ℓ[a,c]   = λ_a·BCE(s, t_dom) + (1−λ_a)·BCE(s, t_part),  BCE(s,t) = −t·log(s+ε) − (1−t)·log(1−s+ε)
+      ℓ[a,c]   = λ_a·BCE(s, t_dom) + (1−λ_a)·BCE(s, t_part),
+      BCE(s,t) = −t·log(s+ε) − (1−t)·log(1−s+ε)
     Returns the mean of ℓ over all A·M entries with the `keep`-excluded ones set to 0.
     """
     pa = _f32(p_anchor)

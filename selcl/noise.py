@@ -334,7 +334,8 @@ def read_label_file(file, n: int, num_classes: int, key: str | None = None) -> n
         if np.issubdtype(a.dtype, np.floating) and np.all(np.isfinite(a)) and np.all(a == np.round(a)):
             a = a.astype(np.int64)
         else:
-            raise NoiseError(f"noisy-label file {path}{f' [{key}]' if key else ''}: labels must be integers, got {a.dtype}")
+            raise NoiseError(f"noisy-label file {path}{f' [{key}]' if key else ''}: "
+                             f"labels must be integers, got {a.dtype}")
     a = a.astype(np.int64)
     if n and (a.min() < 0 or a.max() >= num_classes):
         raise NoiseError(f"noisy-label file {path}{f' [{key}]' if key else ''}: labels must lie in "

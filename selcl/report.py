@@ -617,7 +617,8 @@ def build_report(run: list[str], configs: dict[str, dict], runs_dir: Path, table
                "| setting | WebVision val | ILSVRC12 val | paper (WebVision · ILSVRC12, top-1 / top-5) | "
                "reproduced |", "|---|---|---|---|---|", *web_rows, ""]
     if variants["4"]:
-        md += ["## Selected sets (paper Table 4)", "", "Weighted k-NN (clean protocol) by `pretrain.selected_sets`.", "",
+        md += ["## Selected sets (paper Table 4)", "",
+               "Weighted k-NN (clean protocol) by `pretrain.selected_sets`.", "",
                "| setting | noise | selected sets | k-NN (ours) | k-NN (paper) |", "|---|---|---|---|---|",
                *variants["4"], ""]
     if variants["6"]:
@@ -639,9 +640,10 @@ def build_report(run: list[str], configs: dict[str, dict], runs_dir: Path, table
            "`dvc plots show` draws the same curves (Sel-CL+ and the baseline, column `CE` whichever "
            "baseline ran, on one axis of training epochs since the start).", "", *figs]
     if envs:
-        md += ["## Environment", "", "| setting | device | host CPU | torch | CUDA | faiss |", "|---|---|---|---|---|---|"]
-        md += [f"| {n} | {e.get('gpu', e.get('device'))} | {e.get('cpu', '—')} | {e.get('torch')} | {e.get('cuda')} | "
-               f"{e.get('faiss')} |" for n, e in envs.items()]
+        md += ["## Environment", "", "| setting | device | host CPU | torch | CUDA | faiss |",
+               "|---|---|---|---|---|---|"]
+        md += [f"| {n} | {e.get('gpu', e.get('device'))} | {e.get('cpu', '—')} | {e.get('torch')} "
+               f"| {e.get('cuda')} | {e.get('faiss')} |" for n, e in envs.items()]
         md += [""]
     md += ["## Deviations from the paper", "",
            "See the README section *Faithfulness*: every place where this implementation decides "

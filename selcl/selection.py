@@ -205,9 +205,10 @@ def select(features: torch.Tensor, noisy_labels: torch.Tensor, num_classes: int,
     "flat" | "ivf" | "torch" or a prebuilt `selcl.knn.build_index(features, ...)` (see
     selcl.knn; knn_kwargs go to it, e.g. nprobe, nlist, batch_size, use_gpu).
     max_pairs: G′ pairs used for γ (all of them if |G′| ≤ max_pairs, else a sample of
-    max_pairs; β = 0 / 1 always use all of G′: the exact min / max). |G| is counted exactly when the same-label ordered pairs number
-    ≤ exact_pairs_max, else estimated from ≈ `pair_samples` same-label pairs (all pairs
-    of a seeded random subset of anchor rows per class; see `_count_pairs`).
+    max_pairs; β = 0 / 1 always use all of G′: the exact min / max). |G| is counted
+    exactly when the same-label ordered pairs number ≤ exact_pairs_max, else estimated
+    from ≈ `pair_samples` same-label pairs (all pairs of a seeded random subset of anchor
+    rows per class; see `_count_pairs`).
     seed seeds every sample (IVF training subsample, γ sample, |G| sample).
     """
     if weighting not in ("uniform", "exp"):

@@ -24,8 +24,8 @@ READS: dict[str, dict[str, object]] = {
     # loader, optimiser, lr schedule, memory size and switches, but not α, β, K (a sweep of
     # those keeps the warm-up)
     "warmup": {"model": ALL, "warmup": ALL,
-               "pretrain": ["batch_size", "drop_last", "lr", "lr_warmup_epochs", "lr_decay_epochs", "lr_decay", "momentum",
-                            "weight_decay", "queue_per_class", "mixup", "temperature", "lambda_cls",
+               "pretrain": ["batch_size", "drop_last", "lr", "lr_warmup_epochs", "lr_decay_epochs", "lr_decay",
+                            "momentum", "weight_decay", "queue_per_class", "mixup", "temperature", "lambda_cls",
                             "classifier", "sim_loss", "lambda_sim", "memory"]},
     # queue, memory, optimiser and epoch count carry over from the warm-up; k-NN accuracy
     # is logged per epoch

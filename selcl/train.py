@@ -437,7 +437,8 @@ class Pretrainer:
         if use_cls:
             _, logits_cls = self._online([losses.mix(c1, lc1, pc1), losses.mix(c2, lc2, pc2)])
         q, z_mix, logits_mix = z[:B], z[B:], logits[B:]
-        u = losses.moco_loss(q, k, self.queue.keys, self.uns_temperature, reduction="none")  # (1), queue before this batch
+        # (1), with the queue as it was before this batch
+        u = losses.moco_loss(q, k, self.queue.keys, self.uns_temperature, reduction="none")
         p_mix = logits_mix.softmax(1)
         batch, memory = self._candidates(z_mix, p_mix, anchor_ids, read_memory)
         L = losses.selective_losses(z_mix, p_mix, None if supervised_warmup else u, lam, anchor_ids,
