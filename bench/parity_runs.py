@@ -64,7 +64,9 @@ def main() -> None:
                     help="with --from-run / --rev: skip the plain Sel-CL+ fine-tune (oracles only)")
     ap.add_argument("--oracles", action="store_true",
                     help="diagnosis: also fine-tune the pre-trained encoder on T with the clean labels, "
-                         "on every example with the noisy labels, and on every example with the clean labels")
+                         "on every example with the noisy labels, and on every example with the clean labels "
+                         "(and on T with its noisy labels where the run fine-tuned on other examples, e.g. "
+                         "pretrain.selected_sets=all)")
     args = ap.parse_args()
     if args.no_finetune and not (args.from_run or args.rev):
         ap.error("--no-finetune needs --from-run or --rev (a run that has its fine-tune)")
@@ -127,10 +129,18 @@ def main() -> None:
     oracles, oracle_histories = {}, {}
     if args.oracles:          # what limits Sel-CL+: the selection, its labels, or the encoder?
         import dataclasses
+        # T is the final selection's, whatever the run trained on: with pretrain.selected_sets
+        # `all` (paper Table 4) the run fine-tunes on every example, and T on its given labels
+        # is then one more fine-tune (the Sel-CL+ one for T_G1_G2, which the plain fine-tune is)
+        T = np.asarray(torch.as_tensor(pre["selection"]["examples"]).bool().cpu())
+        on_T = {**pre, "examples": T}
         every = {**pre, "examples": np.ones(data.n, dtype=bool)}
         clean = dataclasses.replace(data, noisy=data.clean)
-        for name, (d_, p_) in {"T_clean_labels": (clean, pre), "all_noisy_labels": (data, every),
-                               "all_clean_labels": (clean, every)}.items():
+        runs = {"T_clean_labels": (clean, on_T), "all_noisy_labels": (data, every),
+                "all_clean_labels": (clean, every)}
+        if not np.array_equal(np.asarray(torch.as_tensor(pre["examples"]).bool().cpu()), T):
+            runs["T_given_labels"] = (data, on_T)
+        for name, (d_, p_) in runs.items():
             h = oracle_histories[name] = finetune(cfg, d_, p_, dev, ck(f"oracle_{name}"))["history"]
             oracles[name] = summarise(h, cfg["finetune"]["eval_last"])["test_acc_mean_last"]
     # Diagnosis (issue 11): weighted k-NN (clean train labels, §8) on the encoders' features

@@ -62,6 +62,29 @@ def test_from_run_refinetunes_the_run_and_its_oracles(finished_run):
     assert all(0 <= v <= 100 for v in got["finetune_oracles"].values())
 
 
+def test_oracles_fine_tune_T_when_the_run_trained_on_other_examples(finished_run, tmp_path):
+    """A run that fine-tuned on every example (pretrain.selected_sets=all, paper Table 4) gets
+    one more oracle, T with its given labels; made here from the finished run by marking every
+    example as trained on, so that oracle must give the run's own Sel-CL+ (on T) back."""
+    import shutil
+    stage = json.loads((finished_run / "runs" / SETTING / "finetune.json").read_text())
+    folder = tmp_path / "as_all"
+    shutil.copytree(finished_run, folder)
+    path = folder / "runs" / SETTING / "pretrain.pt"
+    pre = torch.load(path, weights_only=False)
+    T = torch.as_tensor(pre["selection"]["examples"]).bool()
+    assert 0 < int(T.sum()) < len(T)
+    pre["examples"] = torch.ones_like(T)
+    torch.save(pre, path)
+    got = _parity_runs(folder, "--oracles", "--no-finetune", "--history", str(tmp_path / "h.json"))
+    assert set(got["finetune_oracles"]) == {"T_clean_labels", "all_noisy_labels", "all_clean_labels",
+                                            "T_given_labels"}
+    assert got["finetune_oracles"]["T_given_labels"] == stage["test_acc_mean_last"]
+    # T's clean-label oracle trains on T, not on the examples the run marked (every one here)
+    h = json.loads((tmp_path / "h.json").read_text())["oracles"]
+    assert [e["loss"] for e in h["T_clean_labels"]] != [e["loss"] for e in h["all_clean_labels"]]
+
+
 def test_no_finetune_leaves_out_the_plain_fine_tune(finished_run):
     got = _parity_runs(finished_run, "--no-finetune")
     assert got["selcl_plus_final"] is None and got["finetune_oracles"] == {}
