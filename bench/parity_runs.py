@@ -62,11 +62,12 @@ def main() -> None:
                      help="as --from-run, with runs/<setting>/ and params.yaml of this DVC experiment (name or commit)")
     ap.add_argument("--no-finetune", action="store_true",
                     help="with --from-run / --rev: skip the plain Sel-CL+ fine-tune (oracles only)")
-    ap.add_argument("--oracles", action="store_true",
+    ap.add_argument("--oracles", nargs="*", default=None, metavar="NAME",
+                    choices=["T_clean_labels", "all_noisy_labels", "all_clean_labels", "T_given_labels"],
                     help="diagnosis: also fine-tune the pre-trained encoder on T with the clean labels, "
                          "on every example with the noisy labels, and on every example with the clean labels "
                          "(and on T with its noisy labels where the run fine-tuned on other examples, e.g. "
-                         "pretrain.selected_sets=all)")
+                         "pretrain.selected_sets=all); all of these without a NAME, else the ones named")
     args = ap.parse_args()
     if args.no_finetune and not (args.from_run or args.rev):
         ap.error("--no-finetune needs --from-run or --rev (a run that has its fine-tune)")
@@ -127,7 +128,7 @@ def main() -> None:
     ce = None if args.no_ce else baseline(cfg, data, dev, ck("baseline"))
     t_ce = time.perf_counter() - t1
     oracles, oracle_histories = {}, {}
-    if args.oracles:          # what limits Sel-CL+: the selection, its labels, or the encoder?
+    if args.oracles is not None:     # what limits Sel-CL+: the selection, its labels, or the encoder?
         import dataclasses
         # T is the final selection's, whatever the run trained on: with pretrain.selected_sets
         # `all` (paper Table 4) the run fine-tunes on every example, and T on its given labels
@@ -141,6 +142,8 @@ def main() -> None:
         if not np.array_equal(np.asarray(torch.as_tensor(pre["examples"]).bool().cpu()), T):
             runs["T_given_labels"] = (data, on_T)
         for name, (d_, p_) in runs.items():
+            if args.oracles and name not in args.oracles:
+                continue
             h = oracle_histories[name] = finetune(cfg, d_, p_, dev, ck(f"oracle_{name}"))["history"]
             oracles[name] = summarise(h, cfg["finetune"]["eval_last"])["test_acc_mean_last"]
     # Diagnosis (issue 11): weighted k-NN (clean train labels, §8) on the encoders' features

@@ -65,7 +65,8 @@ def test_from_run_refinetunes_the_run_and_its_oracles(finished_run):
 def test_oracles_fine_tune_T_when_the_run_trained_on_other_examples(finished_run, tmp_path):
     """A run that fine-tuned on every example (pretrain.selected_sets=all, paper Table 4) gets
     one more oracle, T with its given labels; made here from the finished run by marking every
-    example as trained on, so that oracle must give the run's own Sel-CL+ (on T) back."""
+    example as trained on, so that oracle must give the run's own Sel-CL+ (on T) back. Named
+    oracles only: all_noisy_labels is left out."""
     import shutil
     stage = json.loads((finished_run / "runs" / SETTING / "finetune.json").read_text())
     folder = tmp_path / "as_all"
@@ -76,9 +77,9 @@ def test_oracles_fine_tune_T_when_the_run_trained_on_other_examples(finished_run
     assert 0 < int(T.sum()) < len(T)
     pre["examples"] = torch.ones_like(T)
     torch.save(pre, path)
-    got = _parity_runs(folder, "--oracles", "--no-finetune", "--history", str(tmp_path / "h.json"))
-    assert set(got["finetune_oracles"]) == {"T_clean_labels", "all_noisy_labels", "all_clean_labels",
-                                            "T_given_labels"}
+    got = _parity_runs(folder, "--oracles", "T_given_labels", "T_clean_labels", "all_clean_labels",
+                       "--no-finetune", "--history", str(tmp_path / "h.json"))
+    assert set(got["finetune_oracles"]) == {"T_clean_labels", "all_clean_labels", "T_given_labels"}
     assert got["finetune_oracles"]["T_given_labels"] == stage["test_acc_mean_last"]
     # T's clean-label oracle trains on T, not on the examples the run marked (every one here)
     h = json.loads((tmp_path / "h.json").read_text())["oracles"]
