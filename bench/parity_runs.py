@@ -133,13 +133,13 @@ def main() -> None:
         # T is the final selection's, whatever the run trained on: with pretrain.selected_sets
         # `all` (paper Table 4) the run fine-tunes on every example, and T on its given labels
         # is then one more fine-tune (the Sel-CL+ one for T_G1_G2, which the plain fine-tune is)
-        T = np.asarray(torch.as_tensor(pre["selection"]["examples"]).bool().cpu())
+        T = torch.as_tensor(pre["selection"]["examples"]).bool().cpu()
         on_T = {**pre, "examples": T}
         every = {**pre, "examples": np.ones(data.n, dtype=bool)}
         clean = dataclasses.replace(data, noisy=data.clean)
         runs = {"T_clean_labels": (clean, on_T), "all_noisy_labels": (data, every),
                 "all_clean_labels": (clean, every)}
-        if not np.array_equal(np.asarray(torch.as_tensor(pre["examples"]).bool().cpu()), T):
+        if not torch.equal(torch.as_tensor(pre["examples"]).bool().cpu(), T):
             runs["T_given_labels"] = (data, on_T)
         for name, (d_, p_) in runs.items():
             if args.oracles and name not in args.oracles:
