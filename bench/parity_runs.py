@@ -127,7 +127,7 @@ def main() -> None:
     t1 = time.perf_counter()
     ce = None if args.no_ce else baseline(cfg, data, dev, ck("baseline"))
     t_ce = time.perf_counter() - t1
-    oracles, oracle_histories = {}, {}
+    oracles, oracle_histories, not_run = {}, {}, {}
     if args.oracles is not None:     # what limits Sel-CL+: the selection, its labels, or the encoder?
         import dataclasses
         # T is the final selection's, whatever the run trained on: with pretrain.selected_sets
@@ -141,6 +141,9 @@ def main() -> None:
                 "all_clean_labels": (clean, every)}
         if not torch.equal(torch.as_tensor(pre["examples"]).bool().cpu(), T):
             runs["T_given_labels"] = (data, on_T)
+        for name in set(args.oracles) - set(runs):   # named, yet the same as the run's own fine-tune
+            not_run[name] = "the run fine-tuned on T with its given labels: its Sel-CL+ is this oracle"
+            print(f"parity_runs: --oracles {name} not run: {not_run[name]}", file=sys.stderr)
         for name, (d_, p_) in runs.items():
             if args.oracles and name not in args.oracles:
                 continue
@@ -163,6 +166,7 @@ def main() -> None:
         "selcl_plus_mean_last": s_ft.get("test_acc_mean_last"), "selcl_plus_final": s_ft.get("test_acc_last"),
         "ce_mean_last": s_ce.get("test_acc_mean_last"), "ce_final": s_ce.get("test_acc_last"),
         "ce_best": s_ce.get("test_acc_best"), "encoder_knn_top1": enc_knn, "finetune_oracles": oracles,
+        "oracles_not_run": not_run,
         "n_T": last.get("n_selected"), "precision_T": last.get("precision_T"), "recall_T": last.get("recall_T"),
         "precision_G": last.get("precision_G"), "knn_top1": last.get("knn_top1"),
         "precision_T_by_epoch": [round(h["precision_T"], 3) for h in pre["history"] if "precision_T" in h],

@@ -95,3 +95,18 @@ def test_no_finetune_needs_a_finished_run(tmp_path):
     out = subprocess.run([PYTHON, str(ROOT / "bench" / "parity_runs.py"), "--setting", "demo_asym40",
                           "--no-finetune"], cwd=tmp_path, env=stage_env(), capture_output=True, text=True)
     assert out.returncode == 2 and "--no-finetune needs --from-run or --rev" in out.stderr
+
+
+def test_a_named_oracle_that_is_the_run_itself_says_so(finished_run):
+    """On a run that fine-tuned on T, T with its given labels is that fine-tune: named, it is
+    not run, and the output says why instead of leaving it out without a word."""
+    env = stage_env(SELCL_THREADS="1", PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    out = subprocess.run([PYTHON, str(ROOT / "bench" / "parity_runs.py"), "--root", str(finished_run),
+                          "--setting", SETTING, "--from-run", str(finished_run / "runs" / SETTING), "--no-ce",
+                          "--no-finetune", "--oracles", "T_given_labels"],
+                         cwd=finished_run, env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["finetune_oracles"] == {}
+    assert "fine-tuned on T" in got["oracles_not_run"]["T_given_labels"]
+    assert "--oracles T_given_labels not run" in out.stderr
