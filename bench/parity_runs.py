@@ -15,6 +15,15 @@ draws); with `--from-run` the params are --root's, and a run's seed must be pass
 
     python bench/parity_runs.py --setting cpu_cifar10_asym40 --rev cpu_cifar10_asym40-keeplast-seed3 \
         --oracles --no-ce --label oracles-seed3
+
+Encoder or fine-tuning set? `--swap FILE` crosses this run with another pre-training of the
+same data (a `pretrain.pt` stage output, or the final resume checkpoint a run leaves beside
+it, e.g. `pretrain.selected_sets=all`, Table 4): this encoder on FILE's final T, FILE's encoder
+on this run's T, and FILE's encoder on its own T, all with the given labels. `--pretrained
+FILE` takes warm-up and pre-training from such a file instead of running them:
+
+    python bench/parity_runs.py --setting cpu_cifar10_asym40 --path c10.tar.gz --set model.seed=1 \
+        --pretrained selcl-seed1.pt --swap all-seed1.pt --no-finetune --no-ce
 """
 from __future__ import annotations
 
@@ -60,8 +69,15 @@ def main() -> None:
                      help="a finished run's folder (data.npz, labels.npz, pretrain.pt): no warm-up or pre-training")
     src.add_argument("--rev", default=None, metavar="EXPERIMENT",
                      help="as --from-run, with runs/<setting>/ and params.yaml of this DVC experiment (name or commit)")
+    ap.add_argument("--pretrained", default=None, metavar="FILE",
+                    help="a pretrain.pt (stage output or final resume checkpoint) of this setting: "
+                         "its encoder and selection instead of warm-up and pre-training (with --from-run / "
+                         "--rev: instead of the run's, on the run's data)")
     ap.add_argument("--no-finetune", action="store_true",
-                    help="with --from-run / --rev: skip the plain Sel-CL+ fine-tune (oracles only)")
+                    help="with --from-run / --rev / --pretrained: skip the plain Sel-CL+ fine-tune (oracles only)")
+    ap.add_argument("--swap", default=None, metavar="FILE",
+                    help="another pre-training of the same data (as --pretrained): fine-tune this encoder on "
+                         "its final T, its encoder on this run's final T, and its encoder on its own T")
     ap.add_argument("--oracles", nargs="*", default=None, metavar="NAME",
                     choices=["T_clean_labels", "all_noisy_labels", "all_clean_labels", "T_given_labels"],
                     help="diagnosis: also fine-tune the pre-trained encoder on T with the clean labels, "
@@ -69,8 +85,8 @@ def main() -> None:
                          "(and on T with its noisy labels where the run fine-tuned on other examples, e.g. "
                          "pretrain.selected_sets=all); all of these without a NAME, else the ones named")
     args = ap.parse_args()
-    if args.no_finetune and not (args.from_run or args.rev):
-        ap.error("--no-finetune needs --from-run or --rev (a run that has its fine-tune)")
+    if args.no_finetune and not (args.from_run or args.rev or args.pretrained):
+        ap.error("--no-finetune needs --from-run, --rev or --pretrained (a run that has its fine-tune)")
     root = Path(args.root).resolve()
     sys.path.insert(0, str(root))
     import numpy as np
@@ -116,13 +132,15 @@ def main() -> None:
     tmp = Path("/tmp") / f"parity_{args.label}_{args.setting}_{time.time_ns()}"
     ck = lambda name: checkpoint.Checkpointer(tmp / f"{name}.pt", name, 10_000)  # noqa: E731
     t0 = time.perf_counter()
-    if args.from_run:
+    if args.pretrained:
+        pre = load_pretrained(args.pretrained, cfg, data)
+    elif args.from_run:
         pre = checkpoint.load(Path(args.from_run) / "pretrain.pt", what="pre-training output")
     else:
         warm = warmup(cfg, data, dev, ck("warmup"))
         pre = pretrain(cfg, data, warm, dev, ck("pretrain"))
     t_pre = time.perf_counter() - t0
-    ft = None if args.from_run and args.no_finetune else finetune(cfg, data, pre, dev, ck("finetune"))
+    ft = None if args.no_finetune else finetune(cfg, data, pre, dev, ck("finetune"))
     t_ft = time.perf_counter() - t0 - t_pre
     t1 = time.perf_counter()
     ce = None if args.no_ce else baseline(cfg, data, dev, ck("baseline"))
@@ -149,6 +167,18 @@ def main() -> None:
                 continue
             h = oracle_histories[name] = finetune(cfg, d_, p_, dev, ck(f"oracle_{name}"))["history"]
             oracles[name] = summarise(h, cfg["finetune"]["eval_last"])["test_acc_mean_last"]
+    swaps = {}
+    if args.swap:                    # the encoder, or the examples it is fine-tuned on?
+        other = load_pretrained(args.swap, cfg, data)
+        T, T_other = (torch.as_tensor(p["selection"]["examples"]).bool().cpu() for p in (pre, other))
+        runs = {"this_encoder_on_swap_T": {**pre, "examples": T_other},
+                "swap_encoder_on_this_T": {**other, "examples": T},
+                "swap_encoder_on_swap_T": {**other, "examples": T_other}}
+        for name, p_ in runs.items():
+            h = oracle_histories[name] = finetune(cfg, data, p_, dev, ck(f"swap_{name}"))["history"]
+            swaps[name] = summarise(h, cfg["finetune"]["eval_last"])["test_acc_mean_last"]
+        swaps["n_T"] = {"this": int(T.sum()), "swap": int(T_other.sum()), "both": int((T & T_other).sum())}
+        swaps["swap_knn_top1"] = other["history"][-1].get("knn_top1")
     # Diagnosis (issue 11): weighted k-NN (clean train labels, §8) on the encoders' features
     # (backbone output, L2-normalised): Sel-CL's pre-trained encoder against the CE network's.
     enc_knn = {"selcl": encoder_knn(pre["model"], cfg, data, dev)}
@@ -166,16 +196,42 @@ def main() -> None:
         "selcl_plus_mean_last": s_ft.get("test_acc_mean_last"), "selcl_plus_final": s_ft.get("test_acc_last"),
         "ce_mean_last": s_ce.get("test_acc_mean_last"), "ce_final": s_ce.get("test_acc_last"),
         "ce_best": s_ce.get("test_acc_best"), "encoder_knn_top1": enc_knn, "finetune_oracles": oracles,
-        "oracles_not_run": not_run,
+        "oracles_not_run": not_run, "swap": swaps,
         "n_T": last.get("n_selected"), "precision_T": last.get("precision_T"), "recall_T": last.get("recall_T"),
         "precision_G": last.get("precision_G"), "knn_top1": last.get("knn_top1"),
         "precision_T_by_epoch": [round(h["precision_T"], 3) for h in pre["history"] if "precision_T" in h],
         "seconds": {"warmup+pretrain": round(t_pre), "finetune": round(t_ft), "ce": round(t_ce)}}), flush=True)
     if args.history:
         Path(args.history).write_text(json.dumps({
-            "cfg": cfg, "warmup": None if args.from_run else warm.get("history"), "pretrain": pre["history"],
+            "cfg": cfg, "warmup": None if args.from_run or args.pretrained else warm.get("history"), "pretrain": pre["history"],
             "finetune": ft["history"] if ft else None, "ce": ce["history"] if ce else None,
             "oracles": oracle_histories}, default=float))
+
+
+def load_pretrained(path: str, cfg: dict, data) -> dict:
+    """A pre-training's encoder and final selection: a `pretrain.pt` stage output, or the
+    resume checkpoint of a finished pre-training (the same state at its last epoch; the
+    examples it fine-tunes on then follow from its selection, as at the end of `pretrain`)."""
+    import torch
+
+    from selcl import checkpoint
+    from selcl.pairs import pair_rule
+    from selcl.selection import Selection
+    pre = checkpoint.load(Path(path), what="pre-training output")
+    if not isinstance(pre, dict) or "selection" not in pre or "model" not in pre:
+        raise SystemExit(f"parity_runs: {path}: not a pre-training output or checkpoint (no model or selection)")
+    n = len(pre["selection"]["examples"])
+    if n != data.n:
+        raise SystemExit(f"parity_runs: {path}: its selection covers {n} examples, this setting has {data.n}")
+    if "examples" not in pre:                # a resume checkpoint
+        pc = cfg["pretrain"]
+        if "epoch" in pre and pre["epoch"] != pc["epochs"]:
+            raise SystemExit(f"parity_runs: {path}: a checkpoint of epoch {pre['epoch']}, "
+                             f"not of the last ({pc['epochs']})")
+        sel = Selection.from_state_dict(pre["selection"], torch.device("cpu"))
+        pre["examples"] = pair_rule(sel, data.noisy.cpu(), data.clean.cpu(), selected_sets=pc["selected_sets"],
+                                    use_selection=pc["selection"]).examples.cpu()
+    return pre
 
 
 def encoder_knn(state: dict, cfg: dict, data, dev) -> float:

@@ -39,10 +39,11 @@ def finished_run(tiny_upstream, tmp_path_factory):
     return folder
 
 
-def _parity_runs(folder, *args) -> dict:
+def _parity_runs(folder, *args, from_run: bool = True) -> dict:
     env = stage_env(SELCL_THREADS="1", PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    source = ["--from-run", str(folder / "runs" / SETTING)] if from_run else []
     out = subprocess.run([PYTHON, str(ROOT / "bench" / "parity_runs.py"), "--root", str(folder),
-                          "--setting", SETTING, "--from-run", str(folder / "runs" / SETTING), "--no-ce", *args],
+                          "--setting", SETTING, *source, "--no-ce", *args],
                          cwd=folder, env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -110,3 +111,55 @@ def test_a_named_oracle_that_is_the_run_itself_says_so(finished_run):
     assert got["finetune_oracles"] == {}
     assert "fine-tuned on T" in got["oracles_not_run"]["T_given_labels"]
     assert "--oracles T_given_labels not run" in out.stderr
+
+
+def test_swap_crosses_two_pre_trainings_both_ways(finished_run, tmp_path):
+    """--swap fine-tunes this encoder on the other run's T and the other encoder on both Ts.
+    Crossed the other way round (the other run given as --pretrained, as the resume checkpoint
+    a run leaves: no `examples`, T from its selection), the same fine-tunes come back with
+    their roles exchanged, and the other's encoder on its own T is that run's plain fine-tune.
+    Compared by their per-epoch training losses, exact floats."""
+    base = finished_run / "runs" / SETTING / "pretrain.pt"
+    pre = torch.load(base, weights_only=False)
+    T = torch.as_tensor(pre["selection"]["examples"]).bool()
+    g = torch.Generator().manual_seed(0)
+    T2 = T.clone()
+    T2[torch.nonzero(T).squeeze(1)[::2]] = False                  # half of T out, ...
+    T2[torch.nonzero(~T).squeeze(1)[::3]] = True                  # ... a third of the rest in
+    other = {k: v for k, v in pre.items() if k != "examples"}
+    other["selection"] = {**pre["selection"], "examples": T2}
+    other["model"] = {k: v + 0.05 * torch.randn(v.shape, generator=g) if v.is_floating_point() else v
+                      for k, v in pre["model"].items()}
+    other_path = tmp_path / "other.pt"
+    torch.save(other, other_path)
+    a = _parity_runs(finished_run, "--no-finetune", "--swap", str(other_path), "--history", str(tmp_path / "a.json"))
+    b = _parity_runs(finished_run, "--pretrained", str(other_path), "--swap", str(base),
+                     "--history", str(tmp_path / "b.json"))
+    ha, hb = (json.loads((tmp_path / f"{x}.json").read_text()) for x in "ab")
+    loss = lambda h: [e["loss"] for e in h]                                # noqa: E731
+    sa, sb = a["swap"], b["swap"]
+    assert sa["n_T"] == {"this": int(T.sum()), "swap": int(T2.sum()), "both": int((T & T2).sum())}
+    assert sb["n_T"] == {"this": int(T2.sum()), "swap": int(T.sum()), "both": int((T & T2).sum())}
+    cells = {   # (encoder, T): its fine-tune's losses
+        ("base", "T2"): loss(ha["oracles"]["this_encoder_on_swap_T"]),
+        ("other", "T"): loss(ha["oracles"]["swap_encoder_on_this_T"]),
+        ("other", "T2"): loss(ha["oracles"]["swap_encoder_on_swap_T"]),
+        ("base", "T"): loss(hb["oracles"]["swap_encoder_on_swap_T"])}
+    assert cells["base", "T2"] == loss(hb["oracles"]["swap_encoder_on_this_T"])
+    assert cells["other", "T"] == loss(hb["oracles"]["this_encoder_on_swap_T"])
+    assert cells["other", "T2"] == loss(hb["finetune"])                  # --pretrained's plain fine-tune
+    stage = json.loads((finished_run / "runs" / SETTING / "finetune.json").read_text())
+    assert sb["swap_encoder_on_swap_T"] == stage["test_acc_mean_last"]     # base encoder on its T: the run's
+    assert len({tuple(v) for v in cells.values()}) == 4                   # encoder and T each matter
+
+
+def test_swap_refuses_a_file_of_other_data(finished_run, tmp_path):
+    pre = torch.load(finished_run / "runs" / SETTING / "pretrain.pt", weights_only=False)
+    pre["selection"] = {**pre["selection"], "examples": torch.ones(7, dtype=torch.bool)}
+    torch.save(pre, tmp_path / "short.pt")
+    env = stage_env(SELCL_THREADS="1", PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    out = subprocess.run([PYTHON, str(ROOT / "bench" / "parity_runs.py"), "--root", str(finished_run),
+                          "--setting", SETTING, "--from-run", str(finished_run / "runs" / SETTING), "--no-ce",
+                          "--no-finetune", "--swap", str(tmp_path / "short.pt")],
+                         cwd=finished_run, env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode != 0 and "short.pt: its selection covers 7 examples" in out.stderr
