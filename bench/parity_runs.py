@@ -75,6 +75,9 @@ def main() -> None:
                          "--rev: instead of the run's, on the run's data)")
     ap.add_argument("--no-finetune", action="store_true",
                     help="with --from-run / --rev / --pretrained: skip the plain Sel-CL+ fine-tune (oracles only)")
+    ap.add_argument("--save-pretrain", default=None, metavar="FILE",
+                    help="write the pre-training's output (encoder, selection, examples, history) to FILE, "
+                         "for a later --pretrained or --swap")
     ap.add_argument("--swap", default=None, metavar="FILE",
                     help="another pre-training of the same data (as --pretrained): fine-tune this encoder on "
                          "its final T, its encoder on this run's final T, and its encoder on its own T")
@@ -139,6 +142,8 @@ def main() -> None:
     else:
         warm = warmup(cfg, data, dev, ck("warmup"))
         pre = pretrain(cfg, data, warm, dev, ck("pretrain"))
+        if args.save_pretrain:
+            checkpoint.save(pre, Path(args.save_pretrain))
     t_pre = time.perf_counter() - t0
     ft = None if args.no_finetune else finetune(cfg, data, pre, dev, ck("finetune"))
     t_ft = time.perf_counter() - t0 - t_pre

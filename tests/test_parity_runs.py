@@ -163,3 +163,17 @@ def test_swap_refuses_a_file_of_other_data(finished_run, tmp_path):
                           "--no-finetune", "--swap", str(tmp_path / "short.pt")],
                          cwd=finished_run, env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode != 0 and "short.pt: its selection covers 7 examples" in out.stderr
+
+
+def test_save_pretrain_gives_back_the_same_fine_tune(finished_run, tmp_path):
+    """A pre-training written by --save-pretrain and read back by --pretrained fine-tunes to
+    the same losses as the run that wrote it (warm-up and pre-training not run again)."""
+    saved = tmp_path / "pre.pt"
+    a = _parity_runs(finished_run, "--save-pretrain", str(saved), "--history", str(tmp_path / "a.json"),
+                     from_run=False)
+    b = _parity_runs(finished_run, "--pretrained", str(saved), "--history", str(tmp_path / "b.json"),
+                     from_run=False)
+    ha, hb = (json.loads((tmp_path / f"{x}.json").read_text()) for x in "ab")
+    assert ha["warmup"] and hb["warmup"] is None
+    assert [e["loss"] for e in ha["finetune"]] == [e["loss"] for e in hb["finetune"]]
+    assert a["selcl_plus_mean_last"] == b["selcl_plus_mean_last"] and a["precision_T"] == b["precision_T"]
