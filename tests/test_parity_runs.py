@@ -95,7 +95,7 @@ def test_no_finetune_leaves_out_the_plain_fine_tune(finished_run):
 def test_no_finetune_needs_a_finished_run(tmp_path):
     out = subprocess.run([PYTHON, str(ROOT / "bench" / "parity_runs.py"), "--setting", "demo_asym40",
                           "--no-finetune"], cwd=tmp_path, env=stage_env(), capture_output=True, text=True)
-    assert out.returncode == 2 and "--no-finetune needs --from-run or --rev" in out.stderr
+    assert out.returncode == 2 and "--no-finetune needs --from-run, --rev or --pretrained" in out.stderr
 
 
 def test_a_named_oracle_that_is_the_run_itself_says_so(finished_run):
