@@ -135,6 +135,7 @@ def main() -> None:
     tmp = Path("/tmp") / f"parity_{args.label}_{args.setting}_{time.time_ns()}"
     ck = lambda name: checkpoint.Checkpointer(tmp / f"{name}.pt", name, 10_000)  # noqa: E731
     t0 = time.perf_counter()
+    warm = None
     if args.pretrained:
         pre = load_pretrained(args.pretrained, cfg, data)
     elif args.from_run:
@@ -151,12 +152,20 @@ def main() -> None:
     ce = None if args.no_ce else baseline(cfg, data, dev, ck("baseline"))
     t_ce = time.perf_counter() - t1
     oracles, oracle_histories, not_run = {}, {}, {}
+
+    def refinetune(name: str, d_, p_) -> float:
+        """One more fine-tune (Sel-CL+'s recipe) of p_'s encoder on p_'s examples, with d_'s labels."""
+        h = oracle_histories[name] = finetune(cfg, d_, p_, dev, ck(f"oracle_{name}"))["history"]
+        return summarise(h, cfg["finetune"]["eval_last"])["test_acc_mean_last"]
+
+    # T is the final selection's, whatever the run trained on: with pretrain.selected_sets
+    # `all` (paper Table 4) the run fine-tunes on every example
+    final_T = lambda p: torch.as_tensor(p["selection"]["examples"]).bool().cpu()  # noqa: E731
+    T = final_T(pre) if args.oracles is not None or args.swap else None   # an older checkout may have none
     if args.oracles is not None:     # what limits Sel-CL+: the selection, its labels, or the encoder?
         import dataclasses
-        # T is the final selection's, whatever the run trained on: with pretrain.selected_sets
-        # `all` (paper Table 4) the run fine-tunes on every example, and T on its given labels
-        # is then one more fine-tune (the Sel-CL+ one for T_G1_G2, which the plain fine-tune is)
-        T = torch.as_tensor(pre["selection"]["examples"]).bool().cpu()
+        # T on its given labels is then one more fine-tune (the Sel-CL+ one for T_G1_G2,
+        # which the plain fine-tune is)
         on_T = {**pre, "examples": T}
         every = {**pre, "examples": np.ones(data.n, dtype=bool)}
         clean = dataclasses.replace(data, noisy=data.clean)
@@ -168,20 +177,17 @@ def main() -> None:
             not_run[name] = "the run fine-tuned on T with its given labels: its Sel-CL+ is this oracle"
             print(f"parity_runs: --oracles {name} not run: {not_run[name]}", file=sys.stderr)
         for name, (d_, p_) in runs.items():
-            if args.oracles and name not in args.oracles:
-                continue
-            h = oracle_histories[name] = finetune(cfg, d_, p_, dev, ck(f"oracle_{name}"))["history"]
-            oracles[name] = summarise(h, cfg["finetune"]["eval_last"])["test_acc_mean_last"]
+            if not args.oracles or name in args.oracles:
+                oracles[name] = refinetune(name, d_, p_)
     swaps = {}
     if args.swap:                    # the encoder, or the examples it is fine-tuned on?
         other = load_pretrained(args.swap, cfg, data)
-        T, T_other = (torch.as_tensor(p["selection"]["examples"]).bool().cpu() for p in (pre, other))
+        T_other = final_T(other)
         runs = {"this_encoder_on_swap_T": {**pre, "examples": T_other},
                 "swap_encoder_on_this_T": {**other, "examples": T},
                 "swap_encoder_on_swap_T": {**other, "examples": T_other}}
         for name, p_ in runs.items():
-            h = oracle_histories[name] = finetune(cfg, data, p_, dev, ck(f"swap_{name}"))["history"]
-            swaps[name] = summarise(h, cfg["finetune"]["eval_last"])["test_acc_mean_last"]
+            swaps[name] = refinetune(name, data, p_)
         swaps["n_T"] = {"this": int(T.sum()), "swap": int(T_other.sum()), "both": int((T & T_other).sum())}
         swaps["swap_knn_top1"] = other["history"][-1].get("knn_top1")
     # Diagnosis (issue 11): weighted k-NN (clean train labels, §8) on the encoders' features
@@ -208,7 +214,7 @@ def main() -> None:
         "seconds": {"warmup+pretrain": round(t_pre), "finetune": round(t_ft), "ce": round(t_ce)}}), flush=True)
     if args.history:
         Path(args.history).write_text(json.dumps({
-            "cfg": cfg, "warmup": None if args.from_run or args.pretrained else warm.get("history"), "pretrain": pre["history"],
+            "cfg": cfg, "warmup": warm["history"] if warm else None, "pretrain": pre["history"],
             "finetune": ft["history"] if ft else None, "ce": ce["history"] if ce else None,
             "oracles": oracle_histories}, default=float))
 

@@ -39,12 +39,16 @@ def finished_run(tiny_upstream, tmp_path_factory):
     return folder
 
 
-def _parity_runs(folder, *args, from_run: bool = True) -> dict:
+def _run(folder, *args, from_run: bool = True) -> subprocess.CompletedProcess:
     env = stage_env(SELCL_THREADS="1", PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     source = ["--from-run", str(folder / "runs" / SETTING)] if from_run else []
-    out = subprocess.run([PYTHON, str(ROOT / "bench" / "parity_runs.py"), "--root", str(folder),
-                          "--setting", SETTING, *source, "--no-ce", *args],
-                         cwd=folder, env=env, capture_output=True, text=True, timeout=300)
+    return subprocess.run([PYTHON, str(ROOT / "bench" / "parity_runs.py"), "--root", str(folder),
+                           "--setting", SETTING, *source, "--no-ce", *args],
+                          cwd=folder, env=env, capture_output=True, text=True, timeout=300)
+
+
+def _parity_runs(folder, *args, from_run: bool = True) -> dict:
+    out = _run(folder, *args, from_run=from_run)
     assert out.returncode == 0, out.stderr[-2000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -101,11 +105,7 @@ def test_no_finetune_needs_a_finished_run(tmp_path):
 def test_a_named_oracle_that_is_the_run_itself_says_so(finished_run):
     """On a run that fine-tuned on T, T with its given labels is that fine-tune: named, it is
     not run, and the output says why instead of leaving it out without a word."""
-    env = stage_env(SELCL_THREADS="1", PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    out = subprocess.run([PYTHON, str(ROOT / "bench" / "parity_runs.py"), "--root", str(finished_run),
-                          "--setting", SETTING, "--from-run", str(finished_run / "runs" / SETTING), "--no-ce",
-                          "--no-finetune", "--oracles", "T_given_labels"],
-                         cwd=finished_run, env=env, capture_output=True, text=True, timeout=300)
+    out = _run(finished_run, "--no-finetune", "--oracles", "T_given_labels")
     assert out.returncode == 0, out.stderr[-2000:]
     got = json.loads(out.stdout.strip().splitlines()[-1])
     assert got["finetune_oracles"] == {}
@@ -157,11 +157,7 @@ def test_swap_refuses_a_file_of_other_data(finished_run, tmp_path):
     pre = torch.load(finished_run / "runs" / SETTING / "pretrain.pt", weights_only=False)
     pre["selection"] = {**pre["selection"], "examples": torch.ones(7, dtype=torch.bool)}
     torch.save(pre, tmp_path / "short.pt")
-    env = stage_env(SELCL_THREADS="1", PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    out = subprocess.run([PYTHON, str(ROOT / "bench" / "parity_runs.py"), "--root", str(finished_run),
-                          "--setting", SETTING, "--from-run", str(finished_run / "runs" / SETTING), "--no-ce",
-                          "--no-finetune", "--swap", str(tmp_path / "short.pt")],
-                         cwd=finished_run, env=env, capture_output=True, text=True, timeout=300)
+    out = _run(finished_run, "--no-finetune", "--swap", str(tmp_path / "short.pt"))
     assert out.returncode != 0 and "short.pt: its selection covers 7 examples" in out.stderr
 
 
