@@ -143,8 +143,8 @@ def main() -> None:
     else:
         warm = warmup(cfg, data, dev, ck("warmup"))
         pre = pretrain(cfg, data, warm, dev, ck("pretrain"))
-        if args.save_pretrain:
-            checkpoint.save(pre, Path(args.save_pretrain))
+    if args.save_pretrain:           # whichever source gave it, so a later --pretrained / --swap can read it
+        checkpoint.save(pre, Path(args.save_pretrain))
     t_pre = time.perf_counter() - t0
     ft = None if args.no_finetune else finetune(cfg, data, pre, dev, ck("finetune"))
     t_ft = time.perf_counter() - t0 - t_pre

@@ -173,3 +173,14 @@ def test_save_pretrain_gives_back_the_same_fine_tune(finished_run, tmp_path):
     assert ha["warmup"] and hb["warmup"] is None
     assert [e["loss"] for e in ha["finetune"]] == [e["loss"] for e in hb["finetune"]]
     assert a["selcl_plus_mean_last"] == b["selcl_plus_mean_last"] and a["precision_T"] == b["precision_T"]
+
+
+def test_save_pretrain_writes_a_finished_runs_pre_training_too(finished_run, tmp_path):
+    """With --from-run there is no new pre-training: --save-pretrain writes the run's own, the
+    same history and selection, rather than nothing."""
+    saved = tmp_path / "from_run.pt"
+    _parity_runs(finished_run, "--no-finetune", "--save-pretrain", str(saved))
+    run = torch.load(finished_run / "runs" / SETTING / "pretrain.pt", weights_only=False)
+    got = torch.load(saved, weights_only=False)
+    assert got["history"] == run["history"]
+    assert torch.equal(torch.as_tensor(got["selection"]["examples"]), torch.as_tensor(run["selection"]["examples"]))
