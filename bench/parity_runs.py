@@ -54,6 +54,20 @@ def materialise(root: Path, setting: str, rev: str) -> Path:
     return out
 
 
+def fill_new_defaults(params: dict, today: dict) -> list[str]:
+    """Default keys added since an experiment ran (e.g. `model.bn_replicas`) are missing from
+    its params.yaml, which then no longer validates: take them from today's `defaults`, in
+    place, and return their names (section.key) so the caller can say so."""
+    filled = []
+    for section, values in today["defaults"].items():
+        mine = params["defaults"].setdefault(section, {})
+        for key, value in values.items():
+            if key not in mine:
+                mine[key] = value
+                filled.append(f"{section}.{key}")
+    return filled
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--root", default=".", help="checkout whose selcl/ and params.yaml to use")
@@ -107,7 +121,11 @@ def main() -> None:
     if args.rev:               # the experiment's files and the params it ran with
         args.from_run = str(materialise(root, args.setting, args.rev))
         params = Path(args.from_run) / "params.yaml"
-    cfg = resolve(load_params(params), args.setting)
+    raw = load_params(params)
+    if args.rev:
+        for key in fill_new_defaults(raw, load_params(root / "params.yaml")):
+            print(f"parity_runs: {args.rev}'s params.yaml has no {key}; using today's default", file=sys.stderr)
+    cfg = resolve(raw, args.setting)
     import yaml
     for item in args.set:
         key, value = item.split("=", 1)

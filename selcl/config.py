@@ -83,6 +83,7 @@ SCHEMA: dict[str, dict[str, tuple]] = {
     "model": {
         "arch": (str, _choice("preact_resnet18", "resnet18", "small")), "width": (int, _pos),
         "blocks": (list, _int_list), "proj_dim": (int, _pos), "seed": (int, _nonneg),
+        "bn_replicas": (int, _pos),
     },
     "warmup": {
         "method": (str, _choice("uns_cl", "sup_cl")), "epochs": (int, _pos),

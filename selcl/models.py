@@ -38,13 +38,30 @@ class _PerGroupBN:
     are updated group after group: exactly what G separate calls of the network give, but
     the convolutions still run once on the whole batch (the speed lever). groups = 1, or
     eval mode: plain BatchNorm.
+
+    With `replicas = R` (set by `set_bn_replicas`, `model.bn_replicas`), each call's batch
+    (each group's) is further normalised as the R shards `torch.chunk` makes of it, and only
+    the first shard updates the running statistics: what `nn.DataParallel` over R GPUs does,
+    since its scatter is `chunk` and only replica 0's buffers are the module's own (the
+    authors' WebVision-50 scripts: four GPUs, batch 64, shards of 16).
     """
     groups = 1
+    replicas = 1
+
+    def _one_call(self, x: torch.Tensor) -> torch.Tensor:
+        if self.replicas == 1:
+            return super().forward(x)
+        first, *rest = x.chunk(self.replicas)
+        # replica 0: the module's own buffers (running statistics, batch count) are updated
+        out = [super().forward(first)]
+        # replicas 1..R-1: batch statistics of their shard; their buffer copies are discarded
+        out += [F.batch_norm(c, None, None, self.weight, self.bias, True, 0.0, self.eps) for c in rest]
+        return torch.cat(out)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.groups == 1 or not self.training:
+        if not self.training or (self.groups == 1 and self.replicas == 1):
             return super().forward(x)
-        return torch.cat([super(_PerGroupBN, self).forward(c) for c in x.chunk(self.groups)])
+        return torch.cat([self._one_call(c) for c in x.chunk(self.groups)])
 
 
 class BatchNorm2d(_PerGroupBN, nn.BatchNorm2d):
@@ -78,6 +95,17 @@ def bn_groups(model: nn.Module, groups: int):
     finally:
         for m in mods:
             m.groups = 1
+
+
+def set_bn_replicas(model: nn.Module, replicas: int) -> nn.Module:
+    """Every BatchNorm of `model` normalises a training-mode call as `replicas` shards
+    (see `_PerGroupBN`); 1: the whole batch. An EMA copy made afterwards inherits it."""
+    if int(replicas) < 1:
+        raise ValueError(f"replicas must be ≥ 1, got {replicas}")
+    for m in model.modules():
+        if isinstance(m, _PerGroupBN):
+            m.replicas = int(replicas)
+    return model
 
 
 @contextlib.contextmanager

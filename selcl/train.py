@@ -32,7 +32,8 @@ from .device import (autocast, compiled, compiles, env_flag, is_cuda, knn_index_
                      split_views, synchronize)
 from .evaluate import argmax_accuracy, embed, test_accuracy, weighted_knn_accuracy
 from .memory import KeyQueue, LabelledMemory
-from .models import EMA, bn_groups, build_model, frozen_bn_statistics, per_group_sync_bn
+from .errors import ConfigError
+from .models import EMA, bn_groups, build_model, frozen_bn_statistics, per_group_sync_bn, set_bn_replicas
 from .pairs import pair_rule
 from .selection import Selection, select
 
@@ -97,7 +98,14 @@ def make_model(model_cfg: dict, num_classes: int, device: torch.device):
     torch.manual_seed(model_cfg["seed"])            # paper: initialisation seed 1
     model = build_model(model_cfg["arch"], num_classes, width=model_cfg["width"],
                         blocks=tuple(model_cfg["blocks"]), proj_dim=model_cfg["proj_dim"])
-    model = per_group_sync_bn(dist.sync_batchnorm(model, device))  # DDP on CUDA: BN over the global batch
+    replicas, ranks = model_cfg["bn_replicas"], dist.world_size()
+    if replicas == 1:   # BN over the whole batch (DDP on CUDA: SyncBatchNorm, the global batch)
+        model = per_group_sync_bn(dist.sync_batchnorm(model, device))
+    else:               # BN per shard, as nn.DataParallel over `replicas` GPUs (models._PerGroupBN);
+        if replicas % ranks:  # under DDP a rank's batch holds replicas/ranks shards, not synchronised
+            raise ConfigError(f"model.bn_replicas = {replicas}: must be a multiple of the number of "
+                              f"processes ({ranks}), each taking bn_replicas / processes of the shards")
+        set_bn_replicas(model, replicas // ranks)
     return model.to(device).to(memory_format=memory_format(device))
 
 

@@ -164,7 +164,7 @@ def test_training_layout_is_channels_last_unless_turned_off(monkeypatch):
     gives NCHW, and a model made under either computes the same function."""
     from selcl.device import memory_format
     from selcl.train import make_model
-    cfg = {"arch": "small", "width": 8, "blocks": [1, 1], "proj_dim": 16, "seed": 1}
+    cfg = {"arch": "small", "width": 8, "blocks": [1, 1], "proj_dim": 16, "seed": 1, "bn_replicas": 1}
     x = torch.randn(6, 3, 16, 16, generator=gen(3))
     monkeypatch.delenv("SELCL_CHANNELS_LAST", raising=False)
     assert memory_format(torch.device("cpu")) == torch.channels_last

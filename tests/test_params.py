@@ -89,3 +89,12 @@ def test_cifar10_image_folder_presets_use_the_papers_noise():
                                       dataset=cfg["noise"]["asym_map"])      # as stages/noise.py
             moved = {(int(a), int(b)) for a, b in zip(y, noisy) if a != b}
             assert moved == {(9, 1), (2, 0), (4, 7), (3, 5), (5, 3)}, name
+
+
+def test_only_webvision_shards_batchnorm():
+    """The authors' CIFAR scripts run on one GPU (BatchNorm over the whole batch); only their
+    WebVision-50 scripts wrap the networks in nn.DataParallel over four (`model.bn_replicas`)."""
+    p = params()
+    shards = {name: resolve(p, name)["model"]["bn_replicas"] for name in p["settings"]}
+    assert p["defaults"]["model"]["bn_replicas"] == 1
+    assert {name for name, r in shards.items() if r != 1} == {"webvision50"}

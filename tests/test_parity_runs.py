@@ -184,3 +184,25 @@ def test_save_pretrain_writes_a_finished_runs_pre_training_too(finished_run, tmp
     got = torch.load(saved, weights_only=False)
     assert got["history"] == run["history"]
     assert torch.equal(torch.as_tensor(got["selection"]["examples"]), torch.as_tensor(run["selection"]["examples"]))
+
+
+def test_an_older_experiments_params_get_the_keys_added_since():
+    """--rev reads the params.yaml an experiment ran with; a default key added since (here
+    model.bn_replicas, which make_model reads) is taken from today's file and named, and
+    nothing the experiment set is changed."""
+    import importlib.util
+
+    import yaml
+    from selcl.config import resolve
+    spec = importlib.util.spec_from_file_location("parity_runs", ROOT / "bench" / "parity_runs.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    today = yaml.safe_load((ROOT / "params.yaml").read_text())
+    old = yaml.safe_load((ROOT / "params.yaml").read_text())
+    del old["defaults"]["model"]["bn_replicas"]
+    old["defaults"]["model"]["seed"] = 7
+    assert "bn_replicas" not in resolve(old, "cpu_cifar10_asym40")["model"]   # make_model would fail
+    assert mod.fill_new_defaults(old, today) == ["model.bn_replicas"]
+    cfg = resolve(old, "cpu_cifar10_asym40")
+    assert cfg["model"]["bn_replicas"] == 1 and cfg["model"]["seed"] == 7
+    assert mod.fill_new_defaults(old, today) == []

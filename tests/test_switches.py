@@ -11,7 +11,7 @@ import torch
 from conftest import random_images_and_net
 from selcl import losses
 from selcl.memory import KeyQueue, LabelledMemory
-from selcl.models import EMA
+from selcl.models import EMA, set_bn_replicas
 from selcl.train import SIM_MAX_NORM, Pretrainer
 
 N, B, C, H = 24, 6, 3, 12
@@ -149,16 +149,19 @@ def test_sim_recompute_is_not_a_no_op():
     assert max(diffs) > 1e-7
 
 
-@pytest.mark.parametrize("recompute", [False, True])
-def test_split_views_takes_the_same_step(recompute):
+@pytest.mark.parametrize("recompute, replicas", [(False, 1), (True, 1), (False, 2)])
+def test_split_views_takes_the_same_step(recompute, replicas):
     """`device.split_views` (the CPU default: one network call per view) takes the step of
     one concatenated call with per-view BatchNorm (the CUDA default): same parameters,
     momentum, BatchNorm running statistics, queue, memory and losses up to float rounding
     (only the order of the weight-gradient sums differs). The two paths really differ in
-    how they call the networks: one call for [v1, m1, m2] against three."""
+    how they call the networks: one call for [v1, m1, m2] against three. With
+    `model.bn_replicas` each view's batch is also sharded, the same way in both."""
     runs = []
     for split in (False, True):
         tr, data, rule = _setup()
+        set_bn_replicas(tr.model, replicas)
+        set_bn_replicas(tr.ema.model, replicas)
         tr.split_views, tr.sim_recompute = split, recompute
         calls = []
         tr.net = lambda x, _m=tr.model, _c=calls: (_c.append(x.shape[0]), _m(x))[1]

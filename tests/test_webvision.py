@@ -86,6 +86,11 @@ def preset():
     return {s: p.get(s) or {} for s in SECTIONS}
 
 
+def p_batch(cfg):
+    assert cfg["pretrain"]["batch_size"] == cfg["finetune"]["batch_size"]
+    return cfg["pretrain"]["batch_size"]
+
+
 def test_preset_is_the_papers_webvision_setting():
     """Every value of the preset, as the authors' RunScripts_webvision_Sel-CL.sh
     (the `uns` run), RunScripts_webvision_Sel-CL_plus.sh, train_webvision_Sel-CL.py and
@@ -101,6 +106,9 @@ def test_preset_is_the_papers_webvision_setting():
     assert d["extra_test_path"] == "data/ilsvrc12_val50"          # tested on ILSVRC12 val too
     assert cfg["noise"]["kind"] == "none"                         # real label noise
     assert m["arch"] == "resnet18" and m["proj_dim"] == 128 and m["seed"] == 1
+    # CUDA_VISIBLE_DEVICES=0,1,2,3 and nn.DataParallel around the online and EMA networks
+    # (pre-training) and the network (fine-tuning): BatchNorm over shards of 64 / 4 = 16
+    assert m["bn_replicas"] == 4 and p_batch(cfg) // m["bn_replicas"] == 16
     # Uns-CL warm-up: 5 epochs (--warmup-epoch 5, --warmup_way uns), 10k-key queue, τ 0.1
     assert (w["method"], w["epochs"]) == ("uns_cl", 5)     # on pre-training's loader: batch 64
     assert w["queue_size"] == 10000 and w["temperature"] == 0.1
@@ -329,11 +337,12 @@ def test_preset_runs_end_to_end_on_a_tiny_folder(tmp_path, monkeypatch, tiny_fol
     write_params(tmp_path, params)
     monkeypatch.setenv("SELCL_ALLOW_CPU", "1")                       # resnet18: the paper's network
 
-    seen = set()                                                     # (H, W) of every forward
+    seen, built = set(), []                                          # (H, W) of every forward
     real_build = selcl.train.build_model
 
     def spying_build(*args, **kwargs):
         model = real_build(*args, **kwargs)
+        built.append(model)
         model.register_forward_pre_hook(lambda mod, inp: seen.add(tuple(inp[0].shape[-2:])))
         return model
     monkeypatch.setattr(selcl.train, "build_model", spying_build)
@@ -358,6 +367,8 @@ def test_preset_runs_end_to_end_on_a_tiny_folder(tmp_path, monkeypatch, tiny_fol
     assert meta["image_shape"] == [3, 40, 40] and meta["num_classes"] == 3
     assert meta["crop"] == 32 and meta["crop_scale"] == [0.2, 1.0]
     assert seen == {(32, 32)}
+    # every network of every stage: BatchNorm over the four replicas' shards (batch 8: of 2)
+    assert built and {m.replicas for net in built for m in net.modules() if hasattr(m, "replicas")} == {4}
     # fine-tuning: epoch 1 plain mixup CE, epoch 2 (> bootstrap_start = 1) bootstrapping
     assert calls["mixup_cross_entropy"] > 0
     assert calls["mixup_bootstrap_loss"] == calls["mixup_cross_entropy"]
