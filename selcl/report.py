@@ -171,7 +171,7 @@ TABLE6_SWITCHES = {"mixup": "no_mixup", "memory": "no_memory_queue", "selection"
 PAPER_CIFAR = {
     "data": {"subset": None, "subset_test": None, "image_size": None, "crop": None, "crop_scale": [0.08, 1.0]},
     "noise": {"include_true_class": True, "asym_map": "auto"},
-    "model": {"arch": "preact_resnet18", "proj_dim": 128},
+    "model": {"arch": "preact_resnet18", "proj_dim": 128, "bn_replicas": 1},   # one GPU
     "warmup": {"method": "uns_cl", "epochs": 1, "temperature": 0.1, "queue_size": 10000, "ema": 0.999},
     "pretrain": {"epochs": 250, "batch_size": 128, "lr": 0.1, "lr_warmup_epochs": 5, "lr_decay_epochs": [125, 200],
                  "lr_decay": 0.1, "momentum": 0.9, "weight_decay": 0.0001, "temperature": 0.1, "ema": 0.999,
@@ -190,7 +190,7 @@ PAPER_QUEUE_PER_CLASS = {"cifar10": 1000, "cifar100": 100}
 # when it trains on a 50-class image folder with its labels as given (noise kind none).
 PAPER_WEBVISION_CHANGES = {
     "data": {"image_size": 256, "crop": 224, "crop_scale": [0.2, 1.0]},
-    "model": {"arch": "resnet18"},
+    "model": {"arch": "resnet18", "bn_replicas": 4},   # nn.DataParallel over four GPUs
     "warmup": {"epochs": 5},
     "pretrain": {"epochs": 130, "batch_size": 64, "lr_decay_epochs": [80, 105], "queue_per_class": 200},
     "finetune": {"epochs": 50, "batch_size": 64, "bootstrap_start": 20},

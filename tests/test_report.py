@@ -150,6 +150,9 @@ def test_paper_suite_has_the_paper_configuration_and_every_param_is_classified()
     # the WebVision-50 preset is the paper's configuration, once its 50 classes are known
     assert deviations(tables, resolve(params, "webvision50"), num_classes=50) == {}
     assert deviations(tables, resolve(params, "webvision50"), num_classes=49) is None
+    whole_batch = resolve(params, "webvision50")           # BatchNorm off the authors' four GPUs
+    whole_batch["model"]["bn_replicas"] = 1
+    assert list(deviations(tables, whole_batch, num_classes=50)) == ["model.bn_replicas"]
     cfg = resolve(params, "cifar10_sym20")
     for section, values in cfg.items():
         if not isinstance(values, dict) or section == "baseline":
