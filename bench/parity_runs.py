@@ -56,8 +56,9 @@ def materialise(root: Path, setting: str, rev: str) -> Path:
 
 def fill_new_defaults(params: dict, today: dict) -> list[str]:
     """Default keys added since an experiment ran (e.g. `model.bn_replicas`) are missing from
-    its params.yaml, which then no longer validates: take them from today's `defaults`, in
-    place, and return their names (section.key) so the caller can say so."""
+    its params.yaml, so its resolved config lacks keys today's code reads (`make_model`):
+    take them from today's `defaults`, in place, and return their names (section.key) so
+    the caller can say so."""
     filled = []
     for section, values in today["defaults"].items():
         mine = params["defaults"].setdefault(section, {})

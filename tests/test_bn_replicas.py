@@ -111,8 +111,11 @@ def test_under_ddp_each_rank_takes_its_share_of_the_shards(monkeypatch):
 
 @pytest.mark.parametrize("value", [0, -1, 1.5, True, None])
 def test_bad_bn_replicas_is_a_config_error(value):
-    from selcl.config import _check_section, SCHEMA
-    values = {**CFG, "bn_replicas": value}
-    assert set(values) == set(SCHEMA["model"])
-    with pytest.raises(ConfigError, match=r"model\.bn_replicas"):
-        _check_section("defaults.model", "model", values, complete=True)
+    """Through `validate`, the check every stage makes of params.yaml."""
+    from conftest import repo_params
+    from selcl.config import validate
+    params = repo_params()
+    validate(params)
+    params["defaults"]["model"]["bn_replicas"] = value
+    with pytest.raises(ConfigError, match=r"defaults\.model\.bn_replicas"):
+        validate(params)
