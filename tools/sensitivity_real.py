@@ -1,0 +1,158 @@
+"""The supplement's α/β sensitivity (CIFAR-10 asym40: Sel-CL+ against one fractile, the
+other at the paper's value) on real images, small: `bench/parity_runs.py` runs of the CPU
+preset `cpu_cifar10_asym40` that differ only in `pretrain.alpha` or `pretrain.beta`:
+
+    for a in 0.75 0.25; do
+      python bench/parity_runs.py --setting cpu_cifar10_asym40 --path data/cifar10-jpeg.tar.gz \\
+        --label alpha$a-seed1 --set model.seed=1 --set pretrain.alpha=$a --no-ce \\
+        --history bench/results/cpu_real_histories/alpha_sweep/alpha$a-seed1.json \\
+        >> bench/results/cpu_real_histories/alpha_sweep/results.jsonl
+    done
+    python tools/sensitivity_real.py bench/results/cpu_real_histories/alpha_sweep/*.json \\
+        bench/results/cpu_real_histories/table4_shipped/selcl-seed1-xeon.json \\
+        --out bench/results/sensitivity_asym40
+
+Each positional file is one run's `--history` JSON (its resolved config, its per-epoch
+pre-training and fine-tuning history); α and β are read from its config, not its name. Its
+wall-clock minutes come from the line of the `results.jsonl` beside it whose label is the
+file's name (or `table4-` + it), where there is one. Writes <out>.md (one row per run,
+beside the paper's Sel-CL+ at that fractile) and <out>.png (accuracy against the fractile;
+|T| and the precision of T per epoch).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+PAPER_DEFAULT = {"alpha": 0.5, "beta": 0.25}      # Table 1, CIFAR-10 asym
+SYMBOL = {"alpha": "α", "beta": "β"}
+
+
+def _mean_last(values: list, n: int) -> float | None:
+    tail = [v for v in values if v is not None][-n:]
+    return sum(tail) / len(tail) if tail else None
+
+
+def _minutes(path: Path) -> float | None:
+    results = path.parent / "results.jsonl"
+    if not results.exists():
+        return None
+    found = None
+    for line in results.read_text().splitlines():
+        if line.strip():
+            r = json.loads(line)
+            if r.get("label") in (path.stem, f"table4-{path.stem}"):
+                found = r                                     # the last line of a label wins
+    return sum(found["seconds"].values()) / 60 if found else None
+
+
+def row(path: Path, last: int = 5) -> dict:
+    """One run: which fractile it moves (None: both at the paper's values), its final
+    selection, its encoder's k-NN and its Sel-CL+."""
+    h = json.loads(path.read_text())
+    pc, pre, ft = h["cfg"]["pretrain"], h["pretrain"], h.get("finetune") or []
+    moved = [k for k in PAPER_DEFAULT if abs(pc[k] - PAPER_DEFAULT[k]) > 1e-12]
+    if len(moved) > 1:
+        raise SystemExit(f"sensitivity_real: {path}: α and β both differ from the paper's values")
+    end = pre[-1]
+    return {"name": path.stem, "moved": moved[0] if moved else None, "alpha": pc["alpha"], "beta": pc["beta"],
+            "seed": h["cfg"]["model"]["seed"],
+            "n_per_class": end.get("n_per_class"), "n_T": end["n_selected"], "precision_T": end["precision_T"],
+            "recall_T": end.get("recall_T"), "precision_G": end.get("precision_G"), "gamma": end.get("threshold"),
+            "knn_last": end["knn_top1"], "knn_mean_last": _mean_last([e["knn_top1"] for e in pre], last),
+            "selcl_plus": _mean_last([e["test_acc"] for e in ft], 5), "minutes": _minutes(path),
+            "by_epoch": [(e["epoch"], e["n_selected"], e["precision_T"]) for e in pre]}
+
+
+def paper_value(r: dict, paper: dict, fractile: str) -> float | None:
+    """The supplement's Sel-CL+ at this run's value of `fractile` (the other at default)."""
+    if r["moved"] not in (None, fractile):
+        return None
+    values = paper["values"]
+    v = r[fractile]
+    hit = [i for i, x in enumerate(values) if abs(x - v) < 1e-9]
+    return paper[fractile][hit[0]] if hit else None
+
+
+def markdown(table: list[dict], paper: dict, last: int) -> str:
+    head = ["| α | β | seed | n_sel | T: size / right labels / recall of the clean | pairs G right | γ | "
+            f"encoder k-NN, last / mean of last {last} | Sel-CL+ (mean of last 5) | paper Sel-CL+ (α / β row) | "
+            "minutes |",
+            "|---|---|---|---|---|---|---|---|---|---|---|"]
+    fmt = lambda x, f="{:.2f}": "—" if x is None else f.format(x)  # noqa: E731
+    out = []
+    for r in table:
+        pa, pb = paper_value(r, paper, "alpha"), paper_value(r, paper, "beta")
+        ref = " / ".join(fmt(p, "{:.1f}") for p in (pa, pb) if p is not None) or "—"
+        bold = lambda s, k: f"**{s}**" if r["moved"] == k else s  # noqa: E731
+        out.append(f"| {bold(fmt(r['alpha']), 'alpha')} | {bold(fmt(r['beta']), 'beta')} | {r['seed']} | "
+                   f"{fmt(r['n_per_class'], '{:.0f}')} | {int(r['n_T']):,} / {r['precision_T']:.3f} / "
+                   f"{fmt(r['recall_T'], '{:.3f}')} | {fmt(r['precision_G'], '{:.3f}')} | "
+                   f"{fmt(r['gamma'], '{:.3f}')} | {fmt(r['knn_last'])} / {fmt(r['knn_mean_last'])} | "
+                   f"{fmt(r['selcl_plus'])} | {ref} | {fmt(r['minutes'], '{:.1f}')} |")
+    return "\n".join(head + out) + "\n"
+
+
+def figure(table: list[dict], paper: dict, path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, (ax, ax_n, ax_p) = plt.subplots(1, 3, figsize=(13, 4))
+    for k, marker in (("alpha", "o"), ("beta", "s")):
+        pts = sorted((r[k], r["selcl_plus"], r["knn_last"]) for r in table if r["moved"] in (None, k))
+        if not any(r["moved"] == k for r in table):
+            continue
+        x, plus, knn = zip(*pts)
+        ax.plot(x, plus, marker=marker, label=f"Sel-CL+ against {SYMBOL[k]} (ours)")
+        ax.plot(x, knn, marker=marker, ls=":", label=f"encoder k-NN against {SYMBOL[k]} (ours)")
+        ax.plot(paper["values"], paper[k], marker=marker, ls="--", alpha=0.6,
+                label=f"paper Sel-CL+ against {SYMBOL[k]} (full CIFAR-10)")
+    ax.set_xlabel("fractile (the other at the paper's value)")
+    ax.set_ylabel("test accuracy (%)")
+    ax.grid(alpha=0.3)
+    if ax.lines:
+        ax.legend(fontsize=7)
+    for r in sorted(table, key=lambda r: (r["alpha"], r["beta"])):
+        ep, n, prec = zip(*r["by_epoch"])
+        label = f"α={r['alpha']:g} β={r['beta']:g}"
+        ax_n.plot(ep, n, label=label)
+        ax_p.plot(ep, prec, label=label)
+    ax_n.set_ylabel("|T|")
+    ax_p.set_ylabel("precision of T (right labels)")
+    for a in (ax_n, ax_p):
+        a.set_xlabel("global epoch (1 = Uns-CL warm-up)")
+        a.grid(alpha=0.3)
+        a.legend(fontsize=7)
+    fig.suptitle("Fractile sensitivity, small: cpu_cifar10_asym40 (2,000 images, 40 % asym)", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("histories", type=Path, nargs="+", help="parity_runs --history files, one per run")
+    ap.add_argument("--out", type=Path, required=True, help="<out>.md and <out>.png")
+    ap.add_argument("--last", type=int, default=5, help="epochs averaged for the k-NN column")
+    args = ap.parse_args(argv)
+    missing = [str(p) for p in args.histories if not p.is_file()]
+    if missing:
+        print(f"sensitivity_real: no such history file: {', '.join(missing)}", file=sys.stderr)
+        return 1
+    paper = yaml.safe_load((ROOT / "references" / "paper_tables.yaml").read_text())["sensitivity_cifar10"]["asym40"]
+    table = sorted((row(p, args.last) for p in args.histories),
+                   key=lambda r: (r["moved"] or "", r["alpha"], r["beta"], r["seed"]))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.with_suffix(".md").write_text(markdown(table, paper, args.last))
+    figure(table, paper, args.out.with_suffix(".png"))
+    print(args.out.with_suffix(".md").read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
