@@ -48,10 +48,22 @@ def test_rows_markdown_and_figure(tmp_path):
     assert sensitivity_real.paper_value(rows["beta0"], PAPER, "beta") == 91.4
     assert sensitivity_real.paper_value(rows["selcl"], PAPER, "alpha") == 93.4
     assert sensitivity_real.paper_value(rows["alpha0.6"], PAPER, "alpha") is None     # not a value of the paper's
+    dvc = tmp_path / "dvc-run"                  # a DVC run of the preset: its history CSVs
+    dvc.mkdir()
+    (dvc / "pretrain_history.csv").write_text(
+        "epoch,n_selected,n_per_class,threshold,precision_T,recall_T,precision_G,knn_top1\n"
+        "2,800,80,0.9,0.88,0.4,0.8,45\n3,1150,115,0.835,0.913,0.653,0.818,47\n")
+    (dvc / "finetune_history.csv").write_text("epoch,loss,test_acc,lr\n" + "".join(
+        f"{e},1.0,{50 + e},0.01\n" for e in range(1, 8)))
+    d = sensitivity_real.reference_row("2", dvc, last=2)
+    assert (d["moved"], d["alpha"], d["beta"], d["seed"], d["n_T"], d["knn_mean_last"]) == (None, 0.5, 0.25, 2, 1150, 46.0)
+    assert d["selcl_plus"] == 55.0 and d["by_epoch"][0] == (2, 800.0, 0.88)      # mean of the last 5 of 51..57
     out = tmp_path / "s"
-    assert sensitivity_real.main([str(p) for p in (hi, ref, b0)] + ["--out", str(out), "--last", "2"]) == 0
+    assert sensitivity_real.main([str(p) for p in (hi, ref, b0)] + ["--out", str(out), "--last", "2",
+                                                                     "--reference", f"2={dvc}"]) == 0
     lines = out.with_suffix(".md").read_text().splitlines()
-    assert len(lines) == 2 + 3
+    assert len(lines) == 2 + 4 and lines[3].startswith("| 0.50 | 0.25 | 2 | 115 | 1,150 / 0.913 / 0.653 |")
+    del lines[3]
     assert lines[2].startswith("| 0.50 | 0.25 | 1 | 91 | 910 / 0.890 / 0.500 |") and "| 93.4 / 93.4 | 10.0 |" in lines[2]
     assert lines[3].startswith("| **0.75** | 0.25 |") and "| 40.50 | 89.9 | 9.0 |" in lines[3]
     assert lines[4].startswith("| 0.50 | **0.00** |") and "| 91.4 | — |" in lines[4]

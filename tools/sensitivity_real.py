@@ -10,12 +10,14 @@ preset `cpu_cifar10_asym40` that differ only in `pretrain.alpha` or `pretrain.be
     done
     python tools/sensitivity_real.py bench/results/cpu_real_histories/alpha_sweep/*.json \\
         bench/results/cpu_real_histories/table4_shipped/selcl-seed1-xeon.json \\
+        --reference 2=bench/results/cpu_real_histories/cpu_cifar10_asym40-keeplast-seed2 \\
         --out bench/results/sensitivity_asym40
 
 Each positional file is one run's `--history` JSON (its resolved config, its per-epoch
 pre-training and fine-tuning history); α and β are read from its config, not its name. Its
 wall-clock minutes come from the line of the `results.jsonl` beside it whose label is the
-file's name (or `table4-` + it), where there is one. Writes <out>.md (one row per run,
+file's name (or `table4-` + it), where there is one. `--reference SEED=DIR` adds a DVC run
+of the preset (the paper's α and β) from its history CSVs. Writes <out>.md (one row per run,
 beside the paper's Sel-CL+ at that fractile) and <out>.png (accuracy against the fractile;
 |T| and the precision of T per epoch).
 """
@@ -67,6 +69,20 @@ def row(path: Path, last: int = 5) -> dict:
             "knn_last": end["knn_top1"], "knn_mean_last": _mean_last([e["knn_top1"] for e in pre], last),
             "selcl_plus": _mean_last([e["test_acc"] for e in ft], 5), "minutes": _minutes(path),
             "by_epoch": [(e["epoch"], e["n_selected"], e["precision_T"]) for e in pre]}
+
+
+def reference_row(seed: str, folder: Path, last: int = 5) -> dict:
+    """A DVC run of the preset at the paper's fractiles, from its history CSVs."""
+    sys.path.insert(0, str(ROOT / "tools"))
+    from crossover import _csv          # tools/crossover.py: a history CSV's rows, numbers as floats
+    pre, ft = _csv((folder / "pretrain_history.csv").read_text()), _csv((folder / "finetune_history.csv").read_text())
+    end = pre[-1]
+    return {"name": folder.name, "moved": None, **PAPER_DEFAULT, "seed": int(seed),
+            "n_per_class": end.get("n_per_class"), "n_T": end["n_selected"], "precision_T": end["precision_T"],
+            "recall_T": end.get("recall_T"), "precision_G": end.get("precision_G"), "gamma": end.get("threshold"),
+            "knn_last": end["knn_top1"], "knn_mean_last": _mean_last([e["knn_top1"] for e in pre], last),
+            "selcl_plus": _mean_last([e["test_acc"] for e in ft], 5), "minutes": None,
+            "by_epoch": [(int(e["epoch"]), e["n_selected"], e["precision_T"]) for e in pre]}
 
 
 def paper_value(r: dict, paper: dict, fractile: str) -> float | None:
@@ -139,13 +155,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("histories", type=Path, nargs="+", help="parity_runs --history files, one per run")
     ap.add_argument("--out", type=Path, required=True, help="<out>.md and <out>.png")
     ap.add_argument("--last", type=int, default=5, help="epochs averaged for the k-NN column")
+    ap.add_argument("--reference", action="append", default=[], metavar="SEED=DIR",
+                    help="a DVC run of the preset (the paper's α and β): its history CSVs' folder")
     args = ap.parse_args(argv)
     missing = [str(p) for p in args.histories if not p.is_file()]
     if missing:
         print(f"sensitivity_real: no such history file: {', '.join(missing)}", file=sys.stderr)
         return 1
     paper = yaml.safe_load((ROOT / "references" / "paper_tables.yaml").read_text())["sensitivity_cifar10"]["asym40"]
-    table = sorted((row(p, args.last) for p in args.histories),
+    refs = []
+    for ref in args.reference:
+        seed, _, folder = ref.partition("=")
+        refs.append(reference_row(seed, Path(folder), args.last))
+    table = sorted([row(p, args.last) for p in args.histories] + refs,
                    key=lambda r: (r["moved"] or "", r["alpha"], r["beta"], r["seed"]))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".md").write_text(markdown(table, paper, args.last))
