@@ -118,26 +118,31 @@ def figure(table: list[dict], paper: dict, path: Path) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    fig, (ax, ax_n, ax_p) = plt.subplots(1, 3, figsize=(13, 4))
+    fig, (ax, ax_n, ax_p) = plt.subplots(1, 3, figsize=(13, 4.8))
+    ax_paper = ax.twinx()            # the paper's full-scale numbers on their own scale
     for k, marker in (("alpha", "o"), ("beta", "s")):
-        pts = sorted((r[k], r["selcl_plus"], r["knn_last"]) for r in table if r["moved"] in (None, k))
-        if not any(r["moved"] == k for r in table):
+        runs = [r for r in table if r["moved"] in (None, k)]
+        if not any(r["moved"] == k for r in runs):
             continue
-        x, plus, knn = zip(*pts)
-        ax.plot(x, plus, marker=marker, label=f"Sel-CL+ against {SYMBOL[k]} (ours)")
-        ax.plot(x, knn, marker=marker, ls=":", label=f"encoder k-NN against {SYMBOL[k]} (ours)")
-        ax.plot(paper["values"], paper[k], marker=marker, ls="--", alpha=0.6,
-                label=f"paper Sel-CL+ against {SYMBOL[k]} (full CIFAR-10)")
+        for key, ls, what in (("selcl_plus", "-", "Sel-CL+"), ("knn_last", ":", "encoder k-NN")):
+            xs = sorted({r[k] for r in runs})
+            means = [sum(r[key] for r in runs if r[k] == x) / sum(r[k] == x for r in runs) for x in xs]
+            line, = ax.plot(xs, means, marker=marker, ls=ls, label=f"{what} against {SYMBOL[k]} (ours, mean of seeds)")
+            ax.scatter([r[k] for r in runs], [r[key] for r in runs], s=12, color=line.get_color(), alpha=0.6)
+        ax_paper.plot(paper["values"], paper[k], marker=marker, ls="--", color="grey", alpha=0.7,
+                      label=f"paper Sel-CL+ against {SYMBOL[k]} (full CIFAR-10, right axis)")
     ax.set_xlabel("fractile (the other at the paper's value)")
-    ax.set_ylabel("test accuracy (%)")
+    ax.set_ylabel("test accuracy, ours (%; dots: single seeds)")
+    ax_paper.set_ylabel("paper's Sel-CL+ (%)", color="grey")
     ax.grid(alpha=0.3)
-    if ax.lines:
-        ax.legend(fontsize=7)
-    for r in sorted(table, key=lambda r: (r["alpha"], r["beta"])):
+    handles = ax.get_legend_handles_labels()[0] + ax_paper.get_legend_handles_labels()[0]
+    if handles:
+        ax.legend(handles=handles, fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16))
+    for r in sorted(table, key=lambda r: (r["alpha"], r["beta"], r["seed"])):
         ep, n, prec = zip(*r["by_epoch"])
-        label = f"α={r['alpha']:g} β={r['beta']:g}"
-        ax_n.plot(ep, n, label=label)
-        ax_p.plot(ep, prec, label=label)
+        label = f"α={r['alpha']:g} β={r['beta']:g} seed {r['seed']}"
+        ax_n.plot(ep, n, label=label, lw=1.0)
+        ax_p.plot(ep, prec, label=label, lw=1.0)
     ax_n.set_ylabel("|T|")
     ax_p.set_ylabel("precision of T (right labels)")
     for a in (ax_n, ax_p):
