@@ -2,16 +2,21 @@
 other at the paper's value) on real images, small: `bench/parity_runs.py` runs of the CPU
 preset `cpu_cifar10_asym40` that differ only in `pretrain.alpha` or `pretrain.beta`:
 
-    for a in 0.75 0.25; do
+    for run in 0.75:1 0.25:1 0.75:2 0.75:3; do      # α:seed
+      a=${run%:*} s=${run#*:}
       python bench/parity_runs.py --setting cpu_cifar10_asym40 --path data/cifar10-jpeg.tar.gz \\
-        --label alpha$a-seed1 --set model.seed=1 --set pretrain.alpha=$a --no-ce \\
-        --history bench/results/cpu_real_histories/alpha_sweep/alpha$a-seed1.json \\
+        --label alpha$a-seed$s --set model.seed=$s --set pretrain.alpha=$a --no-ce \\
+        --history bench/results/cpu_real_histories/alpha_sweep/alpha$a-seed$s.json \\
         >> bench/results/cpu_real_histories/alpha_sweep/results.jsonl
     done
     python tools/sensitivity_real.py bench/results/cpu_real_histories/alpha_sweep/*.json \\
         bench/results/cpu_real_histories/table4_shipped/selcl-seed1-xeon.json \\
         --reference 2=bench/results/cpu_real_histories/cpu_cifar10_asym40-keeplast-seed2 \\
+        --reference 3=bench/results/cpu_real_histories/cpu_cifar10_asym40-keeplast-seed3 \\
         --out bench/results/sensitivity_asym40
+
+(the α = 0.5 runs: seed 1 from the Table 4 rerun on the same host, seeds 2 and 3 the
+preset's DVC runs.)
 
 Each positional file is one run's `--history` JSON (its resolved config, its per-epoch
 pre-training and fine-tuning history); α and β are read from its config, not its name. Its
