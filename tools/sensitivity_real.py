@@ -35,14 +35,12 @@ from pathlib import Path
 
 import yaml
 
+from crossover import _csv            # tools/: a history CSV's rows, numbers as floats
+from table4_real import _mean_last   # the mean of a list's last n values (None skipped)
+
 ROOT = Path(__file__).resolve().parents[1]
 PAPER_DEFAULT = {"alpha": 0.5, "beta": 0.25}      # Table 1, CIFAR-10 asym
 SYMBOL = {"alpha": "α", "beta": "β"}
-
-
-def _mean_last(values: list, n: int) -> float | None:
-    tail = [v for v in values if v is not None][-n:]
-    return sum(tail) / len(tail) if tail else None
 
 
 def _minutes(path: Path) -> float | None:
@@ -58,36 +56,35 @@ def _minutes(path: Path) -> float | None:
     return sum(found["seconds"].values()) / 60 if found else None
 
 
+def _summary(pre: list[dict], ft: list[dict], last: int) -> dict:
+    """The columns a pre-training history (its last epoch, its k-NN) and a fine-tuning
+    history (Sel-CL+, mean of the last 5) give, for a parity_runs JSON or a DVC run's CSVs."""
+    end = pre[-1]
+    return {"n_per_class": end.get("n_per_class"), "n_T": end["n_selected"], "precision_T": end["precision_T"],
+            "recall_T": end.get("recall_T"), "precision_G": end.get("precision_G"), "gamma": end.get("threshold"),
+            "knn_last": end["knn_top1"], "knn_mean_last": _mean_last([e["knn_top1"] for e in pre], last),
+            "selcl_plus": _mean_last([e["test_acc"] for e in ft], 5),
+            "by_epoch": [(int(e["epoch"]), e["n_selected"], e["precision_T"]) for e in pre]}
+
+
 def row(path: Path, last: int = 5) -> dict:
     """One run: which fractile it moves (None: both at the paper's values), its final
     selection, its encoder's k-NN and its Sel-CL+."""
     h = json.loads(path.read_text())
-    pc, pre, ft = h["cfg"]["pretrain"], h["pretrain"], h.get("finetune") or []
+    pc = h["cfg"]["pretrain"]
     moved = [k for k in PAPER_DEFAULT if abs(pc[k] - PAPER_DEFAULT[k]) > 1e-12]
     if len(moved) > 1:
         raise SystemExit(f"sensitivity_real: {path}: α and β both differ from the paper's values")
-    end = pre[-1]
     return {"name": path.stem, "moved": moved[0] if moved else None, "alpha": pc["alpha"], "beta": pc["beta"],
-            "seed": h["cfg"]["model"]["seed"],
-            "n_per_class": end.get("n_per_class"), "n_T": end["n_selected"], "precision_T": end["precision_T"],
-            "recall_T": end.get("recall_T"), "precision_G": end.get("precision_G"), "gamma": end.get("threshold"),
-            "knn_last": end["knn_top1"], "knn_mean_last": _mean_last([e["knn_top1"] for e in pre], last),
-            "selcl_plus": _mean_last([e["test_acc"] for e in ft], 5), "minutes": _minutes(path),
-            "by_epoch": [(e["epoch"], e["n_selected"], e["precision_T"]) for e in pre]}
+            "seed": h["cfg"]["model"]["seed"], "minutes": _minutes(path),
+            **_summary(h["pretrain"], h.get("finetune") or [], last)}
 
 
 def reference_row(seed: str, folder: Path, last: int = 5) -> dict:
     """A DVC run of the preset at the paper's fractiles, from its history CSVs."""
-    sys.path.insert(0, str(ROOT / "tools"))
-    from crossover import _csv          # tools/crossover.py: a history CSV's rows, numbers as floats
     pre, ft = _csv((folder / "pretrain_history.csv").read_text()), _csv((folder / "finetune_history.csv").read_text())
-    end = pre[-1]
-    return {"name": folder.name, "moved": None, **PAPER_DEFAULT, "seed": int(seed),
-            "n_per_class": end.get("n_per_class"), "n_T": end["n_selected"], "precision_T": end["precision_T"],
-            "recall_T": end.get("recall_T"), "precision_G": end.get("precision_G"), "gamma": end.get("threshold"),
-            "knn_last": end["knn_top1"], "knn_mean_last": _mean_last([e["knn_top1"] for e in pre], last),
-            "selcl_plus": _mean_last([e["test_acc"] for e in ft], 5), "minutes": None,
-            "by_epoch": [(int(e["epoch"]), e["n_selected"], e["precision_T"]) for e in pre]}
+    return {"name": folder.name, "moved": None, **PAPER_DEFAULT, "seed": int(seed), "minutes": None,
+            **_summary(pre, ft, last)}
 
 
 def paper_value(r: dict, paper: dict, fractile: str) -> float | None:

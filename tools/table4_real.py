@@ -39,9 +39,9 @@ VARIANTS = {
 }
 
 
-def _mean_last(values: list, n: int) -> float:
+def _mean_last(values: list, n: int) -> float | None:
     tail = [v for v in values if v is not None][-n:]
-    return sum(tail) / len(tail)
+    return sum(tail) / len(tail) if tail else None
 
 
 def load(folder: Path) -> dict[str, dict]:
