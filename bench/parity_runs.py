@@ -245,7 +245,7 @@ def load_pretrained(path: str, cfg: dict, data) -> dict:
     import torch
 
     from selcl import checkpoint
-    from selcl.pairs import pair_rule
+    from selcl.pairs import configured_rule
     from selcl.selection import Selection
     pre = checkpoint.load(Path(path), what="pre-training output")
     if not isinstance(pre, dict) or "selection" not in pre or "model" not in pre:
@@ -259,8 +259,7 @@ def load_pretrained(path: str, cfg: dict, data) -> dict:
             raise SystemExit(f"parity_runs: {path}: a checkpoint of epoch {pre['epoch']}, "
                              f"not of the last ({pc['epochs']})")
         sel = Selection.from_state_dict(pre["selection"], torch.device("cpu"))
-        pre["examples"] = pair_rule(sel, data.noisy.cpu(), data.clean.cpu(), selected_sets=pc["selected_sets"],
-                                    use_selection=pc["selection"]).examples.cpu()
+        pre["examples"] = configured_rule(sel, data.noisy.cpu(), data.clean.cpu(), pc).examples.cpu()
     return pre
 
 

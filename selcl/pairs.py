@@ -67,3 +67,9 @@ def pair_rule(selection, noisy: torch.Tensor, clean: torch.Tensor, *, selected_s
     if selected_sets == "clean_clean":
         return PairRule(everyone, _same(clean), "clean_clean")
     raise ValueError(f"pretrain.selected_sets: unknown variant '{selected_sets}'")
+
+
+def configured_rule(selection, noisy: torch.Tensor, clean: torch.Tensor, pc: dict) -> PairRule:
+    """`pair_rule` as the `pretrain` params section `pc` configures it
+    (`selected_sets`, and `selection: false` for Table 6's "no selection")."""
+    return pair_rule(selection, noisy, clean, selected_sets=pc["selected_sets"], use_selection=pc["selection"])

@@ -34,7 +34,7 @@ from .evaluate import argmax_accuracy, embed, test_accuracy, weighted_knn_accura
 from .memory import KeyQueue, LabelledMemory
 from .errors import ConfigError
 from .models import EMA, bn_groups, build_model, frozen_bn_statistics, per_group_sync_bn, set_bn_replicas
-from .pairs import pair_rule
+from .pairs import configured_rule, pair_rule
 from .selection import Selection, select
 
 
@@ -596,8 +596,7 @@ def pretrain(cfg: dict, data: TrainData, warm: dict, device, ckpt: Checkpointer,
     bar = _progress(range(start, pc["epochs"] + 1), "pre-train", total=pc["epochs"] - first + 1,
                     initial=start - first)
     for epoch in bar:
-        rule = pair_rule(selection, data.noisy, data.clean, selected_sets=pc["selected_sets"],
-                         use_selection=pc["selection"])
+        rule = configured_rule(selection, data.noisy, data.clean, pc)
         T_idx = torch.nonzero(rule.examples).squeeze(1)
         read_memory = pc["memory"] and epoch >= pc["memory_start_epoch"]
         tr.model.train(); tr.ema.model.train()     # EMA BatchNorm: batch statistics (§2)
@@ -639,8 +638,7 @@ def pretrain(cfg: dict, data: TrainData, warm: dict, device, ckpt: Checkpointer,
                         precT=f"{row.get('precision_T', float('nan')):.3f}", knn=f"{knn['top1']:.1f}")
         ckpt.maybe_save(epoch, pc["epochs"], lambda: {
             **tr.state_dict(), "selection": selection.state_dict(), "history": history, "epoch": epoch})
-    final_rule = pair_rule(selection, data.noisy, data.clean, selected_sets=pc["selected_sets"],
-                           use_selection=pc["selection"])
+    final_rule = configured_rule(selection, data.noisy, data.clean, pc)
     return {"model": tr.model.state_dict(), "ema": tr.ema.state_dict(), "selection": selection.state_dict(),
             "examples": final_rule.examples.cpu(), "history": history, "timing": timing}
 
