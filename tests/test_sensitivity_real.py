@@ -76,3 +76,21 @@ def test_both_fractiles_moved_or_missing_file(tmp_path, capsys):
         sensitivity_real.row(both)
     assert sensitivity_real.main([str(tmp_path / "nope.json"), "--out", str(tmp_path / "s")]) == 1
     assert "nope.json" in capsys.readouterr().err
+
+
+def _setting(path: Path, name: str, kind: str) -> Path:
+    h = json.loads(path.read_text())
+    h["cfg"].update(name=name, noise={"kind": kind, "rate": 0.5 if kind == "sym" else 0.4})
+    path.write_text(json.dumps(h))
+    return path
+
+
+def test_symmetric_runs_get_the_papers_sym20_curve_and_settings_do_not_mix(tmp_path, capsys):
+    a = _setting(_run(tmp_path, "a", 0.75, 0.25, [900], [50.0], [50.0]), "cpu_cifar10_sym50", "sym")
+    out = tmp_path / "s"
+    assert sensitivity_real.main([str(a), "--out", str(out)]) == 0
+    text = out.with_suffix(".md").read_text()
+    assert "paper Sel-CL+, sym20" in text and "| 95.6 |" in text         # sym20's α = 0.75, not asym40's 89.9
+    b = _setting(_run(tmp_path, "b", 0.75, 0.25, [900], [50.0], [50.0]), "cpu_cifar10_asym40", "asym")
+    assert sensitivity_real.main([str(a), str(b), "--out", str(out)]) == 1
+    assert "different settings" in capsys.readouterr().err

@@ -39,7 +39,9 @@ from crossover import _csv            # tools/: a history CSV's rows, numbers as
 from table4_real import _mean_last   # the mean of a list's last n values (None skipped)
 
 ROOT = Path(__file__).resolve().parents[1]
-PAPER_DEFAULT = {"alpha": 0.5, "beta": 0.25}      # Table 1, CIFAR-10 asym
+PAPER_DEFAULT = {"alpha": 0.5, "beta": 0.25}      # Table 1, CIFAR-10 sym and asym alike
+# the supplement's curve for each kind of noise: asym40, and sym20 (its only symmetric rate)
+PAPER_CURVE = {"asym": "asym40", "sym": "sym20"}
 SYMBOL = {"alpha": "α", "beta": "β"}
 
 
@@ -76,7 +78,8 @@ def row(path: Path, last: int = 5) -> dict:
     if len(moved) > 1:
         raise SystemExit(f"sensitivity_real: {path}: α and β both differ from the paper's values")
     return {"name": path.stem, "moved": moved[0] if moved else None, "alpha": pc["alpha"], "beta": pc["beta"],
-            "seed": h["cfg"]["model"]["seed"], "minutes": _minutes(path),
+            "seed": h["cfg"]["model"]["seed"], "minutes": _minutes(path), "setting": h["cfg"].get("name"),
+            "noise": h["cfg"].get("noise", {}).get("kind", "asym"), "rate": h["cfg"].get("noise", {}).get("rate"),
             **_summary(h["pretrain"], h.get("finetune") or [], last)}
 
 
@@ -97,9 +100,10 @@ def paper_value(r: dict, paper: dict, fractile: str) -> float | None:
     return paper[fractile][hit[0]] if hit else None
 
 
-def markdown(table: list[dict], paper: dict, last: int) -> str:
+def markdown(table: list[dict], paper: dict, last: int, curve: str = "asym40") -> str:
     head = ["| α | β | seed | n_sel | T: size / right labels / recall of the clean | pairs G right | γ | "
-            f"encoder k-NN, last / mean of last {last} | Sel-CL+ (mean of last 5) | paper Sel-CL+ (α / β row) | "
+            f"encoder k-NN, last / mean of last {last} | Sel-CL+ (mean of last 5) | "
+            f"paper Sel-CL+, {curve} (α / β row) | "
             "minutes |",
             "|---|---|---|---|---|---|---|---|---|---|---|"]
     fmt = lambda x, f="{:.2f}": "—" if x is None else f.format(x)  # noqa: E731
@@ -116,7 +120,7 @@ def markdown(table: list[dict], paper: dict, last: int) -> str:
     return "\n".join(head + out) + "\n"
 
 
-def figure(table: list[dict], paper: dict, path: Path) -> None:
+def figure(table: list[dict], paper: dict, path: Path, curve: str = "asym40", title: str = "") -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -132,7 +136,7 @@ def figure(table: list[dict], paper: dict, path: Path) -> None:
             line, = ax.plot(xs, means, marker=marker, ls=ls, label=f"{what} against {SYMBOL[k]} (ours, mean of seeds)")
             ax.scatter([r[k] for r in runs], [r[key] for r in runs], s=12, color=line.get_color(), alpha=0.6)
         ax_paper.plot(paper["values"], paper[k], marker=marker, ls="--", color="grey", alpha=0.7,
-                      label=f"paper Sel-CL+ against {SYMBOL[k]} (full CIFAR-10, right axis)")
+                      label=f"paper Sel-CL+ against {SYMBOL[k]} (full CIFAR-10 {curve}, right axis)")
     ax.set_xlabel("fractile (the other at the paper's value)")
     ax.set_ylabel("test accuracy, ours (%; dots: single seeds)")
     ax_paper.set_ylabel("paper's Sel-CL+ (%)", color="grey")
@@ -151,7 +155,7 @@ def figure(table: list[dict], paper: dict, path: Path) -> None:
         a.set_xlabel("global epoch (1 = Uns-CL warm-up)")
         a.grid(alpha=0.3)
         a.legend(fontsize=7)
-    fig.suptitle("Fractile sensitivity, small: cpu_cifar10_asym40 (2,000 images, 40 % asym)", fontsize=10)
+    fig.suptitle(f"Fractile sensitivity on real images, small: {title or 'CIFAR-10'}", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -169,16 +173,24 @@ def main(argv: list[str] | None = None) -> int:
     if missing:
         print(f"sensitivity_real: no such history file: {', '.join(missing)}", file=sys.stderr)
         return 1
-    paper = yaml.safe_load((ROOT / "references" / "paper_tables.yaml").read_text())["sensitivity_cifar10"]["asym40"]
+    runs = [row(p, args.last) for p in args.histories]
+    kinds = {(r["setting"], r["noise"], r["rate"]) for r in runs}
+    if len(kinds) > 1:
+        print(f"sensitivity_real: the runs are of different settings: {sorted(map(str, kinds))}", file=sys.stderr)
+        return 1
+    (setting, noise, rate), = kinds
+    curve = PAPER_CURVE[noise]
+    paper = yaml.safe_load((ROOT / "references" / "paper_tables.yaml").read_text())["sensitivity_cifar10"][curve]
     refs = []
     for ref in args.reference:
         seed, _, folder = ref.partition("=")
         refs.append(reference_row(seed, Path(folder), args.last))
-    table = sorted([row(p, args.last) for p in args.histories] + refs,
+    table = sorted(runs + refs,
                    key=lambda r: (r["moved"] or "", r["alpha"], r["beta"], r["seed"]))
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.with_suffix(".md").write_text(markdown(table, paper, args.last))
-    figure(table, paper, args.out.with_suffix(".png"))
+    args.out.with_suffix(".md").write_text(markdown(table, paper, args.last, curve))
+    title = f"{setting}, {rate:.0%} {noise} noise" if setting and rate is not None else setting
+    figure(table, paper, args.out.with_suffix(".png"), curve, title)
     print(args.out.with_suffix(".md").read_text())
     return 0
 
