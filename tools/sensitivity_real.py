@@ -1,22 +1,23 @@
-"""The supplement's α/β sensitivity (CIFAR-10 asym40: Sel-CL+ against one fractile, the
-other at the paper's value) on real images, small: `bench/parity_runs.py` runs of the CPU
-preset `cpu_cifar10_asym40` that differ only in `pretrain.alpha` or `pretrain.beta`:
+"""The supplement's α/β sensitivity (CIFAR-10: Sel-CL+ against one fractile, the other at
+the paper's value) on real images, small: `bench/parity_runs.py` runs of a CPU preset that
+differ only in `pretrain.alpha` or `pretrain.beta`. What made `sensitivity_asym40.*`:
 
-    for run in 0.75:1 0.25:1 0.75:2 0.75:3; do      # α:seed
-      a=${run%:*} s=${run#*:}
-      python bench/parity_runs.py --setting cpu_cifar10_asym40 --path data/cifar10-jpeg.tar.gz \\
-        --label alpha$a-seed$s --set model.seed=$s --set pretrain.alpha=$a --no-ce \\
-        --history bench/results/cpu_real_histories/alpha_sweep/alpha$a-seed$s.json \\
-        >> bench/results/cpu_real_histories/alpha_sweep/results.jsonl
+    H=bench/results/cpu_real_histories
+    for run in alpha:0.75:1 alpha:0.25:1 alpha:0.75:2 alpha:0.75:3 beta:0.5:1 beta:0:1; do  # fractile:value:seed
+      IFS=: read k v s <<< "$run"
+      python bench/parity_runs.py --setting cpu_cifar10_asym40 --path data/cifar10-jpeg.tar.gz \
+        --label $k$v-seed$s --set model.seed=$s --set pretrain.$k=$v --no-ce \
+        --history $H/${k}_sweep/$k$v-seed$s.json >> $H/${k}_sweep/results.jsonl
     done
-    python tools/sensitivity_real.py bench/results/cpu_real_histories/alpha_sweep/*.json \\
-        bench/results/cpu_real_histories/table4_shipped/selcl-seed1-xeon.json \\
-        --reference 2=bench/results/cpu_real_histories/cpu_cifar10_asym40-keeplast-seed2 \\
-        --reference 3=bench/results/cpu_real_histories/cpu_cifar10_asym40-keeplast-seed3 \\
+    python tools/sensitivity_real.py $H/alpha_sweep/alpha*.json $H/beta_sweep/beta*.json \
+        $H/table4_shipped/selcl-seed1-xeon.json \
+        --reference 2=$H/cpu_cifar10_asym40-keeplast-seed2 --reference 3=$H/cpu_cifar10_asym40-keeplast-seed3 \
         --out bench/results/sensitivity_asym40
 
-(the α = 0.5 runs: seed 1 from the Table 4 rerun on the same host, seeds 2 and 3 the
-preset's DVC runs.)
+(the α = β-default runs: seed 1 from the Table 4 rerun on the same host, seeds 2 and 3 the
+preset's DVC runs.) `sensitivity_sym50.*` is the same for `cpu_cifar10_sym50` (α = 0.75,
+seed 2, file `alpha_sweep_sym50/sym50-alpha0.75-seed2.json`), with the preset's DVC runs of
+seeds 2 and 3 as references; symmetric runs are set beside the supplement's sym20 curve.
 
 Each positional file is one run's `--history` JSON (its resolved config, its per-epoch
 pre-training and fine-tuning history); α and β are read from its config, not its name. Its
