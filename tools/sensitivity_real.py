@@ -5,16 +5,16 @@ differ only in `pretrain.alpha` or `pretrain.beta`. What made `sensitivity_asym4
     H=bench/results/cpu_real_histories
     for run in alpha:0.75:1 alpha:0.25:1 alpha:0.75:2 alpha:0.75:3 beta:0.5:1 beta:0:1; do  # fractile:value:seed
       IFS=: read k v s <<< "$run"
-      python bench/parity_runs.py --setting cpu_cifar10_asym40 --path data/cifar10-jpeg.tar.gz \
-        --label $k$v-seed$s --set model.seed=$s --set pretrain.$k=$v --no-ce \
+      python bench/parity_runs.py --setting cpu_cifar10_asym40 --path data/cifar10-jpeg.tar.gz \\
+        --label $k$v-seed$s --set model.seed=$s --set pretrain.$k=$v --no-ce \\
         --history $H/${k}_sweep/$k$v-seed$s.json >> $H/${k}_sweep/results.jsonl
     done
-    python tools/sensitivity_real.py $H/alpha_sweep/alpha*.json $H/beta_sweep/beta*.json \
-        $H/table4_shipped/selcl-seed1-xeon.json \
-        --reference 2=$H/cpu_cifar10_asym40-keeplast-seed2 --reference 3=$H/cpu_cifar10_asym40-keeplast-seed3 \
+    python tools/sensitivity_real.py $H/alpha_sweep/alpha*.json $H/beta_sweep/beta*.json \\
+        $H/table4_shipped/selcl-seed1-xeon.json \\
+        --reference 2=$H/cpu_cifar10_asym40-keeplast-seed2 --reference 3=$H/cpu_cifar10_asym40-keeplast-seed3 \\
         --out bench/results/sensitivity_asym40
 
-(the α = β-default runs: seed 1 from the Table 4 rerun on the same host, seeds 2 and 3 the
+(the rows at both paper values: seed 1 from the Table 4 rerun on the same host, seeds 2 and 3 the
 preset's DVC runs.) `sensitivity_sym50.*` is the same for `cpu_cifar10_sym50` (α = 0.75,
 seed 2, file `alpha_sweep_sym50/sym50-alpha0.75-seed2.json`), with the preset's DVC runs of
 seeds 2 and 3 as references; symmetric runs are set beside the supplement's sym20 curve.
