@@ -13,7 +13,7 @@ on every example; `--no-finetune` leaves out the plain Sel-CL+ fine-tune (the ru
 `--rev` reads the experiment's own params.yaml (its seed and overrides, so the same fine-tuning
 draws); with `--from-run` the params are --root's, and a run's seed must be passed with `--set`:
 
-    python bench/parity_runs.py --setting cpu_cifar10_asym40 --rev cpu_cifar10_asym40-keeplast-seed3 \
+    python bench/parity_runs.py --setting cpu_cifar10_asym40 --rev cpu_cifar10_asym40-keeplast-seed3 \\
         --oracles --no-ce --label oracles-seed3
 
 Encoder or fine-tuning set? `--swap FILE` crosses this run with another pre-training of the
@@ -22,7 +22,7 @@ it, e.g. `pretrain.selected_sets=all`, Table 4): this encoder on FILE's final T,
 on this run's T, and FILE's encoder on its own T, all with the given labels. `--pretrained
 FILE` takes warm-up and pre-training from such a file instead of running them:
 
-    python bench/parity_runs.py --setting cpu_cifar10_asym40 --path c10.tar.gz --set model.seed=1 \
+    python bench/parity_runs.py --setting cpu_cifar10_asym40 --path c10.tar.gz --set model.seed=1 \\
         --pretrained selcl-seed1.pt --swap all-seed1.pt --no-finetune --no-ce
 """
 from __future__ import annotations

@@ -8,7 +8,7 @@ CPU preset `cpu_cifar10_asym40` (2,000 CIFAR-10 images, 40 % asymmetric noise), 
         --history bench/results/cpu_real_histories/table4/$v.json \\
         >> bench/results/cpu_real_histories/table4/results.jsonl
     done
-    python tools/table4_real.py bench/results/cpu_real_histories/table4 --out bench/results/table4_asym40 \
+    python tools/table4_real.py bench/results/cpu_real_histories/table4 --out bench/results/table4_asym40 \\
         [--reference 1=bench/results/cpu_real_histories/cpu_cifar10_asym40-preset4x-split ...]
 
 writes <out>.md (one row per run beside the paper's CIFAR-10 column) and <out>.png (the
