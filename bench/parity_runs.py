@@ -28,7 +28,9 @@ FILE` takes warm-up and pre-training from such a file instead of running them:
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
+import shutil
 import sys
 import tempfile
 import time
@@ -41,9 +43,6 @@ def materialise(root: Path, setting: str, rev: str) -> Path:
     outputs) into a temporary folder removed at exit, so a finished run's pre-trained encoder
     can be fine-tuned again with the parameters it ran with (its queued `-S` overrides
     included) without `dvc exp apply` touching the workspace."""
-    import atexit
-    import shutil
-
     import dvc.api
     out = Path(tempfile.mkdtemp(prefix=f"parity_{setting}_"))
     atexit.register(shutil.rmtree, out, ignore_errors=True)
@@ -151,7 +150,9 @@ def main() -> None:
         data = TrainData.build({"x_train": ds.x_train, "y_train": ds.y_train, "x_test": ds.x_test, "y_test": ds.y_test,
                                 "mean": ds.mean, "std": ds.std},
                                {"noisy": noisy, "clean": ds.y_train, "num_classes": C}, torch.device("cpu"))
-    tmp = Path("/tmp") / f"parity_{args.label}_{args.setting}_{time.time_ns()}"
+    # the loops' checkpoints (a run resumes nothing): a temporary folder, removed at exit
+    tmp = Path(tempfile.mkdtemp(prefix=f"parity_{args.label}_{args.setting}_"))
+    atexit.register(shutil.rmtree, tmp, ignore_errors=True)
     ck = lambda name: checkpoint.Checkpointer(tmp / f"{name}.pt", name, 10_000)  # noqa: E731
     t0 = time.perf_counter()
     warm = None

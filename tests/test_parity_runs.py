@@ -3,9 +3,12 @@
 for bit, and the three oracles beside it."""
 from __future__ import annotations
 
+import glob
 import json
 import os
 import subprocess
+import tempfile
+import uuid
 
 import pytest
 import torch
@@ -94,6 +97,15 @@ def test_oracles_fine_tune_T_when_the_run_trained_on_other_examples(finished_run
 def test_no_finetune_leaves_out_the_plain_fine_tune(finished_run):
     got = _parity_runs(finished_run, "--no-finetune")
     assert got["selcl_plus_final"] is None and got["finetune_oracles"] == {}
+
+
+def test_leaves_no_checkpoints_behind(finished_run):
+    """The loops' checkpoints go to a temporary folder that is removed at exit (a disk shared
+    with CI filled up once), however the run ends."""
+    label = f"cleanup-{uuid.uuid4().hex[:8]}"
+    _parity_runs(finished_run, "--label", label)                      # fine-tunes: writes checkpoints
+    left = [p for d in {tempfile.gettempdir(), "/tmp"} for p in glob.glob(f"{d}/parity_{label}_*")]
+    assert left == []
 
 
 def test_no_finetune_needs_a_finished_run(tmp_path):

@@ -3,7 +3,7 @@ the paper's value) on real images, small: `bench/parity_runs.py` runs of a CPU p
 differ only in `pretrain.alpha` or `pretrain.beta`. What made `sensitivity_asym40.*`:
 
     H=bench/results/cpu_real_histories
-    for run in alpha:0.75:1 alpha:0.25:1 alpha:0.75:2 alpha:0.75:3 beta:0.5:1 beta:0:1 beta:0:2; do  # fractile:value:seed
+    for run in alpha:0.75:1 alpha:0.25:1 alpha:0.75:2 alpha:0.75:3 beta:0.5:1 beta:0:1 beta:0:2 beta:0:3; do  # fractile:value:seed
       IFS=: read k v s <<< "$run"
       python bench/parity_runs.py --setting cpu_cifar10_asym40 --path data/cifar10-jpeg.tar.gz \\
         --label $k$v-seed$s --set model.seed=$s --set pretrain.$k=$v --no-ce \\
