@@ -100,8 +100,8 @@ def test_no_finetune_leaves_out_the_plain_fine_tune(finished_run):
 
 
 def test_leaves_no_checkpoints_behind(finished_run):
-    """The loops' checkpoints go to a temporary folder that is removed at exit (a disk shared
-    with CI filled up once) when the process exits, with or without an error."""
+    """The loops' checkpoints go to a temporary folder, removed when the process exits, with
+    or without an error (a disk shared with CI filled up once)."""
     label = f"cleanup-{uuid.uuid4().hex[:8]}"
     _parity_runs(finished_run, "--label", label)                      # fine-tunes: writes checkpoints
     left = [p for d in {tempfile.gettempdir(), "/tmp"} for p in glob.glob(f"{d}/parity_{label}_*")]
