@@ -54,7 +54,8 @@ def main(argv: list[str] | None = None) -> int:
     for k in args.k:
         for alpha in args.alpha or [pc["alpha"]]:
             sel = select(z, data.noisy, data.num_classes, k=k, alpha=alpha, beta=pc["beta"],
-                         weighting=pc["knn_weighting"], seed=pc["epochs"], clean_labels=data.clean)
+                         weighting=pc["knn_weighting"], seed=pc["epochs"], clean_labels=data.clean,
+                         pseudo_labels=pc.get("pseudo_labels", True))   # runs before the switch: True
             st = sel.stats
             print(f"| {k} | {alpha:g} | {int(st['n_per_class'])} | {int(st['n_selected'])} | "
                   f"{st['precision_T']:.3f} | {st['recall_T']:.3f} |", flush=True)

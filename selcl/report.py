@@ -176,7 +176,7 @@ PAPER_CIFAR = {
     "pretrain": {"epochs": 250, "batch_size": 128, "lr": 0.1, "lr_warmup_epochs": 5, "lr_decay_epochs": [125, 200],
                  "lr_decay": 0.1, "momentum": 0.9, "weight_decay": 0.0001, "temperature": 0.1, "ema": 0.999,
                  "memory_start_epoch": 4, "lambda_cls": 1.0, "lambda_sim": 0.01, "k": 250,
-                 "knn_weighting": "uniform", "knn_index": "flat", "mixup": True, "memory": True,
+                 "knn_weighting": "uniform", "knn_index": "flat", "pseudo_labels": True, "mixup": True, "memory": True,
                  "selection": True, "classifier": True, "sim_loss": True, "selected_sets": "T_G1_G2",
                  "drop_last": False},
     "finetune": {"epochs": 70, "batch_size": 128, "lr": 0.001, "momentum": 0.9, "weight_decay": 0.0001,
@@ -369,7 +369,7 @@ def accuracy_plot_rows(ft: list[dict], bl: list[dict], budget: dict) -> list[dic
 
 
 def _variant_rows(name: str, cfg: dict, tables: dict, ours: dict, devs: dict[str, str] | None) -> dict[str, list[str]]:
-    """Rows of Tables 4, 6, 7 and the supplement's sensitivity table for a CIFAR setting.
+    """Rows of Tables 4, 6, 7, 10 and the supplement's sensitivity table for a CIFAR setting.
     A row's paper cell is shown only where the run differs from the paper's configuration
     (`devs`) in that table's own switches alone; otherwise it names what else differs."""
     ds, key = cfg["data"]["dataset"], _noise_key(cfg)
@@ -377,6 +377,7 @@ def _variant_rows(name: str, cfg: dict, tables: dict, ours: dict, devs: dict[str
         return {}
     pc, fc, out = cfg["pretrain"], cfg["finetune"], {}
     knn, plus, clf = ours.get("knn_clean_top1"), ours.get("selcl_plus"), ours.get("selcl_test_top1")
+    prec_t = ours.get("precision_T")
 
     def cell(paper, allowed: set[str]) -> str:
         if _only(devs, allowed):
@@ -417,6 +418,16 @@ def _variant_rows(name: str, cfg: dict, tables: dict, ours: dict, devs: dict[str
             rows6.append(("sel_cl", sel_metric, sel_value, pair_cell(row.get("sel_cl"), allowed)))
             rows6.append((variant, "Sel-CL+ test acc", _fmt(plus), cell(row.get(variant), allowed)))
         out["6"] = [f"| {name} | {key} | {v} | {m} | {val} | {pc_} |" for v, m, val, pc_ in rows6]
+    pseudo = tables.get("pseudo_labels_cifar100", {})
+    if ds == "cifar100" and key in pseudo.get("with", {}):
+        # Table 10: Sel-CL+ test accuracy / precision of the final T ("label precision"), the
+        # selection scored against the neighbours' pseudo-labels (with) or noisy labels (without)
+        which = "with" if pc["pseudo_labels"] else "without"
+        acc, prec = pseudo.get(which, {}).get(key) or [None, None]
+        paper = (f"{_paper_fmt(acc)} / {_paper_fmt(prec)}" if _only(devs, {"pretrain.pseudo_labels"})
+                 else cell(None, {"pretrain.pseudo_labels"}))
+        ours_cell = f"{_fmt(plus)} / {_fmt(None if prec_t is None else 100 * prec_t)}"
+        out["10"] = [f"| {name} | {key} | {which} | {ours_cell} | {paper} |"]
     if key in ("sym20", "sym90", "asym40"):
         paper = tables.get("warmup", {}).get(cfg["warmup"]["method"], {}).get(ds, {}).get(key)
         out["7"] = [f"| {name} | {ds} {key} | {cfg['warmup']['method']} | {_fmt(plus)} | "
@@ -466,7 +477,7 @@ def build_report(run: list[str], configs: dict[str, dict], runs_dir: Path, table
     fig_dir = out_dir / "figures"
     fig_dir.mkdir(parents=True, exist_ok=True)
     rows, knn_rows, sel_rows, figs, metrics, envs = [], [], [], [], {}, {}
-    noise_rows, variants, differences = [], {"4": [], "6": [], "7": [], "S": []}, []
+    noise_rows, variants, differences = [], {"4": [], "6": [], "7": [], "10": [], "S": []}, []
     verdicts, web_rows = [], []
     for name in run:
         cfg, d = configs[name], runs_dir / name
@@ -528,7 +539,9 @@ def build_report(run: list[str], configs: dict[str, dict], runs_dir: Path, table
                         f"{int(pre['n_per_class']) if 'n_per_class' in pre else '—'} |")
         for table, lines in _variant_rows(name, cfg, tables, {"knn_clean_top1": ev.get("knn_clean_top1"),
                                                                "selcl_test_top1": ev.get("selcl_test_top1"),
-                                                               "selcl_plus": ours}, devs).items():
+                                                               "selcl_plus": ours,
+                                                               "precision_T": pre.get("precision_T") if known else None},
+                                 devs).items():
             variants[table] += lines
         if "env" in pre:
             envs[name] = pre["env"]
@@ -629,6 +642,13 @@ def build_report(run: list[str], configs: dict[str, dict], runs_dir: Path, table
         md += ["## Warm-up method (paper Table 7)", "",
                "| setting | noise | warm-up | Sel-CL+ (ours) | Sel-CL+ (paper) |", "|---|---|---|---|---|",
                *variants["7"], ""]
+    if variants["10"]:
+        md += ["## Pseudo-labels in the selection, CIFAR-100 (paper Table 10)", "",
+               "Sel-CL+ test accuracy / precision of the final T in percent (the paper's \"label "
+               "precision\"), with T scored against the neighbours' k-NN pseudo-labels (the method) or "
+               "against their noisy labels (`pretrain.pseudo_labels: false`).", "",
+               "| setting | noise | pseudo-labels | ours | paper |", "|---|---|---|---|---|",
+               *variants["10"], ""]
     if variants["S"]:
         md += ["## Sensitivity to α, β and λ_s (the paper's supplement)", "",
                "Sel-CL+ test accuracy with one of them changed, the rest as the paper.", "",

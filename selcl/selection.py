@@ -10,6 +10,9 @@ Steps (numbers as in SPEC §5), all batched so nothing N×N ever exists:
  2. ŷ_i = majority noisy label among the K neighbours (votes uniform, or exp(sim/0.1));
     ties → lowest class id (torch.argmax returns the first maximum).
  3. q̂_i(c) = fraction of i's neighbours with ŷ = c.
+    `pseudo_labels=False` (the paper's Table 10 "without pseudo-labels"): no pass 2;
+    q̂_i is pass 1's vote share of c among i's neighbours' NOISY labels ỹ — the authors'
+    `discrepancy_measure1`, which their code computes beside the pass-2 score it selects by.
  4. ℓ_i = −log clamp(q̂_i(ỹ_i), 0.01, 0.99);  a_i = [argmax_c q̂_i(c) = ỹ_i].
  5. m_c = Σ_{ỹ_i=c} a_i over all C classes;  n_sel as the authors' code (SPEC §5.5,
     §10.1) — `class_balanced_count`: α = 0.5 → the LOWER median of {m_c} (the ⌈C/2⌉-th
@@ -195,7 +198,7 @@ def _extreme_pair_sim(z: torch.Tensor, groups, largest: bool) -> float:
 def select(features: torch.Tensor, noisy_labels: torch.Tensor, num_classes: int, *,
            k: int, alpha: float, beta: float, weighting: str = "uniform", seed: int = 0,
            clean_labels: torch.Tensor | None = None, knn_index: str | KnnIndex = "flat",
-           max_pairs: int = 10 ** 6, exact_pairs_max: int = 3 * 10 ** 7,
+           pseudo_labels: bool = True, max_pairs: int = 10 ** 6, exact_pairs_max: int = 3 * 10 ** 7,
            pair_samples: int = 10 ** 7, knn_kwargs: dict | None = None) -> Selection:
     """Sel-CL selection of confident examples T and pairs G (SPEC §5, steps 1–9).
 
@@ -204,6 +207,8 @@ def select(features: torch.Tensor, noisy_labels: torch.Tensor, num_classes: int,
     fractiles α, β; weighting "uniform" | "exp" (votes exp(sim/0.1)); knn_index
     "flat" | "ivf" | "torch" or a prebuilt `selcl.knn.build_index(features, ...)` (see
     selcl.knn; knn_kwargs go to it, e.g. nprobe, nlist, batch_size, use_gpu).
+    pseudo_labels: True (the method) scores ℓ, a against the neighbours' pseudo-labels ŷ
+    (pass 2); False (paper Table 10, "without") against their noisy labels ỹ (pass 1's votes).
     max_pairs: G′ pairs used for γ (all of them if |G′| ≤ max_pairs, else a sample of
     max_pairs; β = 0 / 1 always use all of G′: the exact min / max). |G| is counted
     exactly when the same-label ordered pairs number ≤ exact_pairs_max, else estimated
@@ -224,6 +229,8 @@ def select(features: torch.Tensor, noisy_labels: torch.Tensor, num_classes: int,
     # neighbour ids as int32 (K·N·4 bytes: 50 MB at N=50k, 1 GB at N=10⁶, K=250)
     nbr = torch.empty(n, k, dtype=torch.int32, device=dev)
     y_hat = torch.empty(n, dtype=torch.long, device=dev)            # ŷ
+    loss = torch.empty(n, dtype=torch.float64, device=dev)          # ℓ
+    agree = torch.empty(n, dtype=torch.bool, device=dev)            # a
     for s, sims_b, idx_b in iter_knn(z, z, k, exclude_self=True, index=knn_index, seed=seed,
                                      **(knn_kwargs or {})):
         idx_b = idx_b.to(dev)
@@ -236,13 +243,16 @@ def select(features: torch.Tensor, noisy_labels: torch.Tensor, num_classes: int,
             w = torch.exp(sims_b.to(dev, torch.float64) / VOTE_TEMPERATURE) * valid
             votes = torch.zeros(idx_b.shape[0], C, dtype=torch.float64, device=dev)
         votes.scatter_add_(1, lab, w)
-        y_hat[s:s + idx_b.shape[0]] = votes.argmax(1)               # first max: lowest id
-        nbr[s:s + idx_b.shape[0]] = idx_b.to(torch.int32)
+        rows = slice(s, s + idx_b.shape[0])
+        y_hat[rows] = votes.argmax(1)                               # first max: lowest id
+        nbr[rows] = idx_b.to(torch.int32)
+        if not pseudo_labels:   # Table 10 "without": q̂_i = ỹ_i's share of the votes, a_i = [ŷ_i = ỹ_i]
+            share = votes.gather(1, y_noisy[rows, None]).squeeze(1).double() / votes.sum(1).double()
+            loss[rows] = -torch.log(share.nan_to_num(0.0).clamp(*Q_CLAMP))
+            agree[rows] = y_hat[rows] == y_noisy[rows]
 
-    # ---- 3+4: q̂_i(ỹ_i), ℓ_i, a_i (pass 2, batched over rows) ----
-    loss = torch.empty(n, dtype=torch.float64, device=dev)          # ℓ
-    agree = torch.empty(n, dtype=torch.bool, device=dev)            # a
-    for s in range(0, n, ROW_BATCH):
+    # ---- 3+4: q̂_i(ỹ_i), ℓ_i, a_i (pass 2, batched over rows; the method's pseudo-labels) ----
+    for s in range(0, n, ROW_BATCH) if pseudo_labels else ():
         nb = nbr[s:s + ROW_BATCH].long()
         valid = nb >= 0
         counts = torch.zeros(nb.shape[0], C, dtype=torch.int32, device=dev)

@@ -53,8 +53,10 @@ K_OF = {"large_k": 150}     # k of the k-NN per case (default 12)
 # --------------------------------------------------------------------------- reference
 
 @functools.lru_cache(maxsize=None)
-def reference_scores(name, k, weighting):
-    """Steps 1–4 of SPEC §5 with plain loops in float64."""
+def reference_scores(name, k, weighting, pseudo=True):
+    """Steps 1–4 of SPEC §5 with plain loops in float64. pseudo=False: the paper's Table 10
+    "without pseudo-labels", q̂_i = the share of i's neighbours' (weighted) votes for each
+    noisy label, the first pass's votes themselves."""
     z, noisy, _, C = make_case(name)
     Z, yt = z.double().numpy(), noisy.numpy()
     n = len(yt)
@@ -62,16 +64,17 @@ def reference_scores(name, k, weighting):
     # 1. the k most similar other examples, ties to the lower index
     nbrs = [sorted((j for j in range(n) if j != i), key=lambda j: (-S[i, j], j))[:k] for i in range(n)]
     # 2. ŷ: majority noisy label among neighbours, ties → lowest class id
-    y_hat = []
+    y_hat, shares = [], []
     for i in range(n):
         votes = [0.0] * C
         for j in nbrs[i]:
             votes[yt[j]] += 1.0 if weighting == "uniform" else math.exp(S[i, j] / 0.1)
         y_hat.append(min(c for c in range(C) if votes[c] == max(votes)))
+        shares.append([v / sum(votes) for v in votes])
     # 3. q̂_i(c); 4. ℓ_i and a_i
     loss, agree = [], []
     for i in range(n):
-        q = [sum(y_hat[j] == c for j in nbrs[i]) / k for c in range(C)]
+        q = [sum(y_hat[j] == c for j in nbrs[i]) / k for c in range(C)] if pseudo else shares[i]
         loss.append(-math.log(min(max(q[yt[i]], 0.01), 0.99)))
         agree.append(min(c for c in range(C) if q[c] == max(q)) == yt[i])
     return S, np.array(y_hat), np.array(loss), np.array(agree)
@@ -91,12 +94,12 @@ def reference_n_sel(m, alpha):
     return math.floor(m[lo] + (h - lo) * (m[hi] - m[lo]))
 
 
-def reference_select(name, k, alpha, beta, weighting):
+def reference_select(name, k, alpha, beta, weighting, pseudo=True):
     """Steps 5–8: n_sel, T, γ, and the full N×N G (float64, brute force)."""
     z, noisy, _, C = make_case(name)
     yt = noisy.numpy()
     n = len(yt)
-    S, y_hat, loss, agree = reference_scores(name, k, weighting)
+    S, y_hat, loss, agree = reference_scores(name, k, weighting, pseudo)
     m = [sum(agree[i] for i in range(n) if yt[i] == c) for c in range(C)]
     n_sel = reference_n_sel(m, alpha)
     T = np.zeros(n, bool)
@@ -163,6 +166,29 @@ def test_select_matches_bruteforce(name, alpha, beta, weighting):
     sel = select(z, noisy, C, k=k, alpha=alpha, beta=beta, weighting=weighting, clean_labels=y)
     ref = reference_select(name, k, alpha, beta, weighting)
     check_against_reference(sel, ref, name)
+
+
+# Table 10's "without pseudo-labels": T scored against the neighbours' noisy labels
+@pytest.mark.parametrize("name,weighting", [(n, "uniform") for n in CASES if n != "large_k"]
+                         + [("clustered", "exp"), ("imbalanced", "exp")])
+def test_select_without_pseudo_labels_matches_bruteforce(name, weighting):
+    z, noisy, y, C = make_case(name)
+    sel = select(z, noisy, C, k=12, alpha=0.5, beta=0.35, weighting=weighting, clean_labels=y,
+                 pseudo_labels=False)
+    check_against_reference(sel, reference_select(name, 12, 0.5, 0.35, weighting, pseudo=False), name)
+
+
+def test_pseudo_labels_switch_changes_the_selection():
+    """The two scorings really differ on these cases (else the test above proves nothing
+    the default's does): the scores, and T on at least one case."""
+    differs = []
+    for name in ("clustered", "duplicates", "imbalanced"):
+        _, _, loss_with, _ = reference_scores(name, 12, "uniform", True)
+        _, _, loss_without, _ = reference_scores(name, 12, "uniform", False)
+        assert not np.allclose(loss_with, loss_without), name
+        differs.append((reference_select(name, 12, 0.5, 0.35, "uniform", True)["T"]
+                        != reference_select(name, 12, 0.5, 0.35, "uniform", False)["T"]).any())
+    assert any(differs)
 
 
 def test_cases_exercise_the_edge_cases():
