@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
         for alpha in args.alpha or [pc["alpha"]]:
             sel = select(z, data.noisy, data.num_classes, k=k, alpha=alpha, beta=pc["beta"],
                          weighting=pc["knn_weighting"], seed=pc["epochs"], clean_labels=data.clean,
-                         pseudo_labels=pc.get("pseudo_labels", True))   # runs before the switch: True
+                         pseudo_labels=pc["pseudo_labels"])
             st = sel.stats
             print(f"| {k} | {alpha:g} | {int(st['n_per_class'])} | {int(st['n_selected'])} | "
                   f"{st['precision_T']:.3f} | {st['recall_T']:.3f} |", flush=True)

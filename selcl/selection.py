@@ -11,8 +11,10 @@ Steps (numbers as in SPEC §5), all batched so nothing N×N ever exists:
     ties → lowest class id (torch.argmax returns the first maximum).
  3. q̂_i(c) = fraction of i's neighbours with ŷ = c.
     `pseudo_labels=False` (the paper's Table 10 "without pseudo-labels"): no pass 2;
-    q̂_i is pass 1's vote share of c among i's neighbours' NOISY labels ỹ — the authors'
-    `discrepancy_measure1`, which their code computes beside the pass-2 score it selects by.
+    q̂_i is pass 1's vote share of c among i's neighbours' NOISY labels ỹ (weighted with
+    "exp"), so ℓ_i is the authors' `discrepancy_measure1`, which their code computes
+    beside the pass-2 score it selects by; their first pass computes no agreement, and
+    a_i = [argmax_c q̂_i(c) = ỹ_i] = [ŷ_i = ỹ_i] is its analogue.
  4. ℓ_i = −log clamp(q̂_i(ỹ_i), 0.01, 0.99);  a_i = [argmax_c q̂_i(c) = ỹ_i].
  5. m_c = Σ_{ỹ_i=c} a_i over all C classes;  n_sel as the authors' code (SPEC §5.5,
     §10.1) — `class_balanced_count`: α = 0.5 → the LOWER median of {m_c} (the ⌈C/2⌉-th
@@ -227,7 +229,7 @@ def select(features: torch.Tensor, noisy_labels: torch.Tensor, num_classes: int,
 
     # ---- 1+2: k-NN, pass-1 votes per search batch (the [N,K] sims are never kept) ----
     # neighbour ids as int32 (K·N·4 bytes: 50 MB at N=50k, 1 GB at N=10⁶, K=250)
-    nbr = torch.empty(n, k, dtype=torch.int32, device=dev)
+    nbr = torch.empty(n, k, dtype=torch.int32, device=dev) if pseudo_labels else None
     y_hat = torch.empty(n, dtype=torch.long, device=dev)            # ŷ
     loss = torch.empty(n, dtype=torch.float64, device=dev)          # ℓ
     agree = torch.empty(n, dtype=torch.bool, device=dev)            # a
@@ -245,7 +247,8 @@ def select(features: torch.Tensor, noisy_labels: torch.Tensor, num_classes: int,
         votes.scatter_add_(1, lab, w)
         rows = slice(s, s + idx_b.shape[0])
         y_hat[rows] = votes.argmax(1)                               # first max: lowest id
-        nbr[rows] = idx_b.to(torch.int32)
+        if pseudo_labels:                                           # pass 2 reads them
+            nbr[rows] = idx_b.to(torch.int32)
         if not pseudo_labels:   # Table 10 "without": q̂_i = ỹ_i's share of the votes, a_i = [ŷ_i = ỹ_i]
             share = votes.gather(1, y_noisy[rows, None]).squeeze(1).double() / votes.sum(1).double()
             loss[rows] = -torch.log(share.nan_to_num(0.0).clamp(*Q_CLAMP))
