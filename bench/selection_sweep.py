@@ -5,6 +5,9 @@ embeds the un-augmented training images with the online network, as the stage do
 after its last epoch, and runs `selcl.selection.select` for every K × α asked for:
 |T|, precision and recall of T, n_sel. Nothing is trained: this says whether the
 precision of T is limited by the encoder or by the selection's settings.
+`--pseudo-labels true false` scores T both ways on the same encoder: against the
+neighbours' pseudo-labels (the method) and against their noisy labels (paper Table 10's
+"without").
 
 --per-class: also, for the T the run itself ended with (pretrain.pt's `examples`, what
 fine-tuning trained on), |T| and the precision of T by given label, and the true classes
@@ -29,6 +32,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--setting", help="setting name (default: the run folder's name)")
     ap.add_argument("--k", type=int, nargs="+", default=[10, 25, 50, 100])
     ap.add_argument("--alpha", type=float, nargs="+", default=None, help="default: the setting's α")
+    ap.add_argument("--pseudo-labels", nargs="+", choices=["true", "false"], default=None,
+                    help="score T against the neighbours' pseudo-labels (true) or noisy labels (false); "
+                         "default: the setting's")
     ap.add_argument("--params", default=str(ROOT / "params.yaml"))
     ap.add_argument("--per-class", action="store_true", help="the run's own final T class by class")
     args = ap.parse_args(argv)
@@ -49,16 +55,18 @@ def main(argv: list[str] | None = None) -> int:
     z, _ = embed(model, data.x, data.mean, data.std, crop=data.crop)
     print(f"{run}: {data.n} examples, labels {float((data.noisy == data.clean).float().mean()):.3f} right; "
           f"the run used K = {pc['k']}, α = {pc['alpha']}, β = {pc['beta']}")
-    print("| K | α | n_sel | \\|T\\| | precision of T | recall of T |")
-    print("|---|---|---|---|---|---|")
+    print("| K | α | n_sel | \\|T\\| | precision of T | recall of T | pseudo-labels |")
+    print("|---|---|---|---|---|---|---|")
+    scorings = [v == "true" for v in args.pseudo_labels] if args.pseudo_labels else [pc["pseudo_labels"]]
     for k in args.k:
         for alpha in args.alpha or [pc["alpha"]]:
-            sel = select(z, data.noisy, data.num_classes, k=k, alpha=alpha, beta=pc["beta"],
-                         weighting=pc["knn_weighting"], seed=pc["epochs"], clean_labels=data.clean,
-                         pseudo_labels=pc["pseudo_labels"])
-            st = sel.stats
-            print(f"| {k} | {alpha:g} | {int(st['n_per_class'])} | {int(st['n_selected'])} | "
-                  f"{st['precision_T']:.3f} | {st['recall_T']:.3f} |", flush=True)
+            for pseudo in scorings:
+                st = select(z, data.noisy, data.num_classes, k=k, alpha=alpha, beta=pc["beta"],
+                            weighting=pc["knn_weighting"], seed=pc["epochs"], clean_labels=data.clean,
+                            pseudo_labels=pseudo).stats
+                print(f"| {k} | {alpha:g} | {int(st['n_per_class'])} | {int(st['n_selected'])} | "
+                      f"{st['precision_T']:.3f} | {st['recall_T']:.3f} | {'with' if pseudo else 'without'} |",
+                      flush=True)
     if args.per_class:
         from selcl.data import load_arrays
         names = load_arrays(run / "data.npz").classes

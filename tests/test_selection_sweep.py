@@ -48,6 +48,42 @@ def test_sweep_rows_are_the_selection_of_the_saved_encoder(tmp_path, capsys):
         assert int(cells[3]) == st["n_selected"] and float(cells[4]) == round(st["precision_T"], 3)
 
 
+def test_both_scorings_of_T_on_one_encoder(tmp_path, capsys):
+    """--pseudo-labels true false: one row per scoring, each the selection `select` gives."""
+    import selection_sweep
+
+    from selcl.config import load_params, resolve
+    from selcl.data import load_dataset, save_arrays
+    from selcl.evaluate import embed
+    from selcl.noise import make_noisy_labels
+    from selcl.selection import select
+    from selcl.train import TrainData, make_model
+
+    cfg = resolve(load_params(ROOT / "params.yaml"), "demo_asym40")
+    run = tmp_path / "demo_asym40"
+    ds = load_dataset("digits")
+    save_arrays(ds, run / "data.npz")
+    noisy = make_noisy_labels(ds.y_train, 10, "asym", 0.4, 42, dataset="digits")
+    np.savez(run / "labels.npz", noisy=noisy, clean=ds.y_train, num_classes=10)
+    torch.manual_seed(0)
+    model = make_model(cfg["model"], 10, torch.device("cpu"))
+    torch.save({"model": model.state_dict()}, run / "pretrain.pt")
+
+    assert selection_sweep.main([str(run), "--k", "25", "--pseudo-labels", "true", "false"]) == 0
+    rows = [r for r in capsys.readouterr().out.splitlines() if r.startswith("| 25 |")]
+    assert [r.rstrip(" |").rsplit("| ", 1)[1] for r in rows] == ["with", "without"]
+    data = TrainData.load(run, torch.device("cpu"))
+    z, _ = embed(model, data.x, data.mean, data.std)
+    got = []
+    for row, pseudo in zip(rows, (True, False)):
+        st = select(z, data.noisy, 10, k=25, alpha=cfg["pretrain"]["alpha"], beta=cfg["pretrain"]["beta"],
+                    seed=cfg["pretrain"]["epochs"], clean_labels=data.clean, pseudo_labels=pseudo).stats
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        assert int(cells[3]) == st["n_selected"] and float(cells[4]) == round(st["precision_T"], 3)
+        got.append((cells[3], cells[4]))
+    assert got[0] != got[1]                       # the two scorings differ on this encoder
+
+
 def test_per_class_table_counts_by_given_label():
     """Precision of T by given label, and the true classes of the wrong ones."""
     from selection_sweep import per_class_table
