@@ -21,7 +21,7 @@ def make_case(name):
     """(z float32 [N,d], noisy ỹ, clean y, C). Small N so the reference can loop."""
     g = torch.Generator().manual_seed(sum(map(ord, name)))
     rng = np.random.default_rng(sum(map(ord, name)))
-    if name == "large_k":    # K = 150 > 1/0.01: the clamp of q̂ to [0.01, 0.99] merges ℓ values
+    if name in ("large_k", "large_k_clean"):   # K = 150 > 1/0.01: the clamp of q̂ to [0.01, 0.99] merges ℓ values
         n, C, d = 400, 2, 8
         y = torch.randint(0, C, (n,), generator=g)
         z = unit(4 * torch.randn(C, d, generator=g)[y] + torch.randn(n, d, generator=g))
@@ -41,13 +41,15 @@ def make_case(name):
             for src in rng.choice(n, 15, replace=False):
                 z[torch.from_numpy(rng.choice(n, 3, replace=False))] = z[int(src)].clone()
     noisy = y.clone()
-    flip = torch.from_numpy(rng.random(len(y)) < 0.35)
+    # large_k_clean: 3 % flips, so first-pass shares of the own label reach 149/150 and 1,
+    # which the clamp merges: the case where it decides T without pseudo-labels
+    flip = torch.from_numpy(rng.random(len(y)) < (0.03 if name == "large_k_clean" else 0.35))
     noisy[flip] = torch.from_numpy(rng.integers(0, C, int(flip.sum())))
     return z, noisy, y, C
 
 
 CASES = ["clustered", "duplicates", "imbalanced", "grid", "large_k"]
-K_OF = {"large_k": 150}     # k of the k-NN per case (default 12)
+K_OF = {"large_k": 150, "large_k_clean": 150}     # k of the k-NN per case (default 12)
 
 
 # --------------------------------------------------------------------------- reference
@@ -169,9 +171,8 @@ def test_select_matches_bruteforce(name, alpha, beta, weighting):
 
 
 # Table 10's "without pseudo-labels": T scored against the neighbours' noisy labels
-# (large_k too, K = 150; its first-pass shares of the own label stay well inside [0.01, 0.99],
-# so, unlike pass 2 there, the clamp changes no T here: the clamp is the line pass 2 tests)
-@pytest.mark.parametrize("name,weighting", [(n, "uniform") for n in CASES]
+# (large_k_clean: the clamp of the share decides T, see test_cases_exercise_the_edge_cases)
+@pytest.mark.parametrize("name,weighting", [(n, "uniform") for n in CASES + ["large_k_clean"]]
                          + [("clustered", "exp"), ("imbalanced", "exp")])
 def test_select_without_pseudo_labels_matches_bruteforce(name, weighting):
     z, noisy, y, C = make_case(name)
@@ -207,6 +208,11 @@ def test_cases_exercise_the_edge_cases():
     # cuts through that tied group (so the clamp and the index tie-break decide T)
     S, y_hat, loss, agree = reference_scores("large_k", 150, "uniform")
     ref = reference_select("large_k", 150, 0.5, 0.35, "uniform")
+    top = loss == loss.min()
+    assert top.sum() > ref["n_sel"] and (top & ~ref["T"]).any()
+    # large_k_clean, scored without pseudo-labels: the same, for the first pass's shares
+    _, _, loss, _ = reference_scores("large_k_clean", 150, "uniform", False)
+    ref = reference_select("large_k_clean", 150, 0.5, 0.35, "uniform", pseudo=False)
     top = loss == loss.min()
     assert top.sum() > ref["n_sel"] and (top & ~ref["T"]).any()
 
