@@ -249,7 +249,7 @@ def select(features: torch.Tensor, noisy_labels: torch.Tensor, num_classes: int,
         y_hat[rows] = votes.argmax(1)                               # first max: lowest id
         if pseudo_labels:                                           # pass 2 reads them
             nbr[rows] = idx_b.to(torch.int32)
-        if not pseudo_labels:   # Table 10 "without": q̂_i = ỹ_i's share of the votes, a_i = [ŷ_i = ỹ_i]
+        else:   # Table 10 "without": q̂_i = ỹ_i's share of the votes, a_i = [ŷ_i = ỹ_i]
             share = votes.gather(1, y_noisy[rows, None]).squeeze(1).double() / votes.sum(1).double()
             loss[rows] = -torch.log(share.nan_to_num(0.0).clamp(*Q_CLAMP))
             agree[rows] = y_hat[rows] == y_noisy[rows]

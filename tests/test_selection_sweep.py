@@ -9,26 +9,42 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
 
+def saved_run(folder: Path, setting: str, kind: str, examples_every: int | None = None):
+    """runs/<setting>/ of a finished pre-training on digits: data.npz, labels.npz (40 % `kind`
+    noise) and pretrain.pt with an untrained encoder (and, given `examples_every`, every
+    such example as the run's own final T, pretrain.pt's "examples"). Returns (cfg, dataset,
+    noisy labels, model)."""
+    from selcl.config import load_params, resolve
+    from selcl.data import load_dataset, save_arrays
+    from selcl.noise import make_noisy_labels
+    from selcl.train import make_model
+
+    cfg = resolve(load_params(ROOT / "params.yaml"), setting)
+    run = folder / setting
+    ds = load_dataset("digits")
+    save_arrays(ds, run / "data.npz")
+    noisy = make_noisy_labels(ds.y_train, 10, kind, 0.4, 42, dataset="digits")
+    np.savez(run / "labels.npz", noisy=noisy, clean=ds.y_train, num_classes=10)
+    torch.manual_seed(0)
+    model = make_model(cfg["model"], 10, torch.device("cpu"))
+    state = {"model": model.state_dict()}
+    if examples_every:
+        state["examples"] = torch.zeros(len(noisy), dtype=torch.bool)
+        state["examples"][::examples_every] = True
+    torch.save(state, run / "pretrain.pt")
+    return cfg, ds, noisy, model
+
+
 def test_sweep_rows_are_the_selection_of_the_saved_encoder(tmp_path, capsys):
     import selection_sweep
 
-    from selcl.config import load_params, resolve
-    from selcl.data import load_dataset, save_arrays
     from selcl.evaluate import embed
-    from selcl.noise import make_noisy_labels
     from selcl.selection import select
-    from selcl.train import TrainData, make_model
+    from selcl.train import TrainData
 
-    cfg = resolve(load_params(ROOT / "params.yaml"), "demo_sym40")
     run = tmp_path / "demo_sym40"
-    ds = load_dataset("digits")
-    save_arrays(ds, run / "data.npz")
-    noisy = make_noisy_labels(ds.y_train, 10, "sym", 0.4, 42)
-    np.savez(run / "labels.npz", noisy=noisy, clean=ds.y_train, num_classes=10)
-    model = make_model(cfg["model"], 10, torch.device("cpu"))
-    T = torch.zeros(len(noisy), dtype=torch.bool)
-    T[::3] = True                                   # the run's own final T (pretrain.pt "examples")
-    torch.save({"model": model.state_dict(), "examples": T}, run / "pretrain.pt")
+    cfg, ds, noisy, model = saved_run(tmp_path, "demo_sym40", "sym", examples_every=3)
+    T = torch.load(run / "pretrain.pt", weights_only=False)["examples"]
 
     assert selection_sweep.main([str(run), "--k", "5", "40", "--alpha", "0.5", "--per-class"]) == 0
     out = capsys.readouterr().out
@@ -52,22 +68,12 @@ def test_both_scorings_of_T_on_one_encoder(tmp_path, capsys):
     """--pseudo-labels true false: one row per scoring, each the selection `select` gives."""
     import selection_sweep
 
-    from selcl.config import load_params, resolve
-    from selcl.data import load_dataset, save_arrays
     from selcl.evaluate import embed
-    from selcl.noise import make_noisy_labels
     from selcl.selection import select
-    from selcl.train import TrainData, make_model
+    from selcl.train import TrainData
 
-    cfg = resolve(load_params(ROOT / "params.yaml"), "demo_asym40")
     run = tmp_path / "demo_asym40"
-    ds = load_dataset("digits")
-    save_arrays(ds, run / "data.npz")
-    noisy = make_noisy_labels(ds.y_train, 10, "asym", 0.4, 42, dataset="digits")
-    np.savez(run / "labels.npz", noisy=noisy, clean=ds.y_train, num_classes=10)
-    torch.manual_seed(0)
-    model = make_model(cfg["model"], 10, torch.device("cpu"))
-    torch.save({"model": model.state_dict()}, run / "pretrain.pt")
+    cfg, ds, noisy, model = saved_run(tmp_path, "demo_asym40", "asym")
 
     assert selection_sweep.main([str(run), "--k", "25", "--pseudo-labels", "true", "false"]) == 0
     rows = [r for r in capsys.readouterr().out.splitlines() if r.startswith("| 25 |")]
