@@ -80,7 +80,7 @@ def claim_gpu(count: int, lock_dir: str | os.PathLike | None = None, poll_s: flo
 
 def env_flag(name: str, default: bool) -> bool:
     """An on/off switch from the environment (SELCL_COMPILE, SELCL_CHANNELS_LAST,
-    SELCL_SIM_RECOMPUTE, SELCL_SPLIT_VIEWS): unset → `default`; a switch that is on by
+    SELCL_SIM_RECOMPUTE, SELCL_SPLIT_VIEWS, SELCL_CPU_BF16): unset → `default`; a switch that is on by
     default is turned off by 0 / false / no, one that is off by default is turned on by
     1 / true / yes."""
     value = os.environ.get(name)
@@ -100,11 +100,28 @@ def cuda_available() -> bool:
 
 def autocast(device: torch.device):
     """bf16 autocast for the network passes on CUDA (buys ~2x matmul throughput
-    on tensor cores); a no-op on CPU so CPU results stay exact float32.
-    Similarities, softmax and losses are computed in float32 by the callers."""
+    on tensor cores); on CPU a no-op, so CPU results stay exact float32, unless
+    SELCL_CPU_BF16=1 (cpu_bf16). Similarities, softmax and losses are computed in
+    float32 by the callers."""
     if is_cuda(device):
         return torch.autocast("cuda", dtype=torch.bfloat16)
+    if cpu_bf16():
+        return torch.autocast("cpu", dtype=torch.bfloat16)
     return contextlib.nullcontext()
+
+
+def cpu_bf16() -> bool:
+    """SELCL_CPU_BF16=1: the CPU's network passes under bf16 autocast too, as on CUDA.
+    Opt-in, because it changes CPU results (every CPU number recorded here is float32).
+    On a CPU with AMX (Intel Sapphire Rapids and later) oneDNN runs bf16 convolutions on
+    its tile units: a Sel-CL step of the CPU presets ~0.6 → ~0.4 s on 2 cores
+    (`bench/step.py`); on a CPU without AMX bf16 can be slower than float32."""
+    return env_flag("SELCL_CPU_BF16", False)
+
+
+def precision(device: torch.device) -> str:
+    """What the network passes compute in (`autocast`), for the report."""
+    return "bf16 autocast" if is_cuda(device) or cpu_bf16() else "float32"
 
 
 def memory_format(device: torch.device) -> torch.memory_format:
@@ -209,7 +226,8 @@ def describe(device: torch.device) -> dict:
     """Versions and device for the report (issue: record torch, CUDA, faiss, device),
     and the host CPU with the threads torch uses."""
     info = {"torch": torch.__version__, "cuda": torch.version.cuda or "none",
-            "device": str(device), "cpu": f"{cpu_name()}, {torch.get_num_threads()} threads"}
+            "device": str(device), "cpu": f"{cpu_name()}, {torch.get_num_threads()} threads",
+            "precision": precision(device)}
     try:
         import faiss
         info["faiss"] = getattr(faiss, "__version__", "unknown")

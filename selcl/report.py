@@ -660,10 +660,10 @@ def build_report(run: list[str], configs: dict[str, dict], runs_dir: Path, table
            "`dvc plots show` draws the same curves (Sel-CL+ and the baseline, column `CE` whichever "
            "baseline ran, on one axis of training epochs since the start).", "", *figs]
     if envs:
-        md += ["## Environment", "", "| setting | device | host CPU | torch | CUDA | faiss |",
-               "|---|---|---|---|---|---|"]
-        md += [f"| {n} | {e.get('gpu', e.get('device'))} | {e.get('cpu', '—')} | {e.get('torch')} "
-               f"| {e.get('cuda')} | {e.get('faiss')} |" for n, e in envs.items()]
+        md += ["## Environment", "", "| setting | device | host CPU | network passes | torch | CUDA | faiss |",
+               "|---|---|---|---|---|---|---|"]
+        md += [f"| {n} | {e.get('gpu', e.get('device'))} | {e.get('cpu', '—')} | {e.get('precision', '—')} "
+               f"| {e.get('torch')} | {e.get('cuda')} | {e.get('faiss')} |" for n, e in envs.items()]
         md += [""]
     md += ["## Deviations from the paper", "",
            "See the README section *Faithfulness*: every place where this implementation decides "

@@ -309,3 +309,19 @@ def test_embedding_does_not_depend_on_the_evaluation_batch():
     torch.testing.assert_close(z, z_default, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(logits, logits_default, rtol=1e-5, atol=1e-6)
     assert model.training        # the model's mode is restored
+
+
+def test_cpu_bf16_flag_turns_the_cpu_autocast_on(monkeypatch):
+    """The project's autocast is a no-op on CPU (float32) unless SELCL_CPU_BF16=1; the
+    report's environment records which."""
+    from selcl.device import describe
+    m = M.build_model("small", 10, width=8, blocks=(1, 1), generator=gen(0))
+    x = torch.randn(4, 3, 16, 16, generator=gen(6))
+    cpu = torch.device("cpu")
+    for flag, dtype, name in (("0", torch.float32, "float32"), ("1", torch.bfloat16, "bf16 autocast")):
+        monkeypatch.setenv("SELCL_CPU_BF16", flag)
+        with autocast(cpu):
+            assert m.encoder(x).dtype == dtype
+            z, logits = m(x)
+        assert z.dtype == logits.dtype == torch.float32          # the heads stay float32 either way
+        assert describe(cpu)["precision"] == name
