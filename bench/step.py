@@ -7,6 +7,7 @@ pass. Both include their augmentation and the optimiser step.
 
     python bench/step.py                 # PreAct ResNet-18, batch 128, CIFAR-sized data
     python bench/step.py --arch small --batch 64 --iters 5
+    SELCL_CPU_BF16=1 python bench/step.py --arch small --batch 64   # bf16 autocast on the CPU too
 """
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ import torch.nn.functional as F  # noqa: E402
 from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
 from selcl.config import load_params, resolve  # noqa: E402
-from selcl.device import knn_index_for, autocast, describe, get_device, synchronize  # noqa: E402
+from selcl.device import knn_index_for, autocast, describe, get_device, precision, synchronize  # noqa: E402
 from selcl.pairs import pair_rule  # noqa: E402
 from selcl.selection import select  # noqa: E402
 from selcl.train import TrainData, _views, make_model, make_pretrainer, sgd, training_forward  # noqa: E402
@@ -169,7 +170,7 @@ def main() -> None:
         f"arch {args.arch}, batch {args.batch}, images {args.size}px, memory {tr.memory.size}, "
         f"{args.iters} timed iterations after 3 warm-up ones, |T| = {len(T_idx)} of {args.n} (the L_CLS batch "
         f"drawn from it), "
-        f"{mode}",
+        f"{mode}, network passes in {precision(device)}",
         "",
         "| step | time (ms) |", "|---|---|",
         f"| Sel-CL pre-training step | {t_sel * 1e3:.1f} |",
