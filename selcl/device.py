@@ -114,8 +114,9 @@ def cpu_bf16() -> bool:
     """SELCL_CPU_BF16=1: the CPU's network passes under bf16 autocast too, as on CUDA.
     Opt-in, because it changes CPU results (every CPU number recorded here is float32).
     On a CPU with AMX (Intel Sapphire Rapids and later) oneDNN runs bf16 convolutions on
-    its tile units: a Sel-CL step of the CPU presets ~0.6 → ~0.4 s on 2 cores
-    (`bench/step.py`); on a CPU without AMX bf16 can be slower than float32."""
+    its tile units: on 2 cores of such a Xeon a CPU preset's Sel-CL step took 0.87× and
+    its CE step 0.76× the float32 time (`bench/cpu_bf16.py`); on a CPU without AMX bf16
+    can be slower than float32."""
     return env_flag("SELCL_CPU_BF16", False)
 
 
