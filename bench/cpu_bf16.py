@@ -24,12 +24,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
 
 from selcl.config import load_params, resolve  # noqa: E402
-from selcl.device import autocast, cpu_name, precision  # noqa: E402
-from selcl.train import _views, make_model, make_pretrainer, sgd  # noqa: E402
-from step import fake_data, realistic_selection  # noqa: E402  (bench/step.py)
+from selcl.device import cpu_name, precision  # noqa: E402
+from step import ce_stepper, fake_data, selcl_stepper  # noqa: E402  (bench/step.py)
 from tables import emit  # noqa: E402  (bench/tables.py)
 
 FLAG = "SELCL_CPU_BF16"
@@ -44,16 +42,23 @@ def interleaved(step, rounds: int, steps: int) -> dict[str, list[float]]:
     runs float32 first, then bf16, after one untimed step of each (allocator, oneDNN
     primitive cache)."""
     times = {"float32": [], "bf16 autocast": []}
-    for on in (False, True):
-        _set_bf16(on)
-        step()
-    for _ in range(rounds):
+    before = os.environ.get(FLAG)
+    try:
         for on in (False, True):
             _set_bf16(on)
-            t0 = time.perf_counter()
-            for _ in range(steps):
-                step()
-            times[precision(torch.device("cpu"))].append((time.perf_counter() - t0) / steps)
+            step()
+        for _ in range(rounds):
+            for on in (False, True):
+                _set_bf16(on)
+                t0 = time.perf_counter()
+                for _ in range(steps):
+                    step()
+                times[precision(torch.device("cpu"))].append((time.perf_counter() - t0) / steps)
+    finally:                                  # SELCL_CPU_BF16 as it was found
+        if before is None:
+            os.environ.pop(FLAG, None)
+        else:
+            os.environ[FLAG] = before
     return times
 
 
@@ -65,7 +70,6 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=8, help="steps per precision per round")
     ap.add_argument("--out", default=None, help="also write the table to this file")
     args = ap.parse_args()
-    before = os.environ.get(FLAG)
     device, classes = torch.device("cpu"), 10
     cfg = resolve(load_params(ROOT / "params.yaml"), args.setting)
     size, batch_size = 32, cfg["pretrain"]["batch_size"]
@@ -73,29 +77,9 @@ def main() -> None:
     gen = torch.Generator().manual_seed(0)
     batch = lambda: torch.randperm(args.n, generator=gen)[:batch_size]  # noqa: E731
 
-    tr = make_pretrainer(cfg, classes, device)
-    rule, T_idx = realistic_selection(data, classes, cfg["model"]["proj_dim"], device, k=cfg["pretrain"]["k"])
-    while len(tr.memory.ids) < tr.memory.size:          # the memory full, as in steady state
-        tr.step(data, batch(), rule, T_idx, read_memory=True)
-    sel = interleaved(lambda: tr.step(data, batch(), rule, T_idx, read_memory=True), args.rounds, args.steps)
-
-    model = make_model(cfg["model"], classes, device)
-    opt = sgd(model, cfg["baseline"])
-    model.train()
-
-    def ce_step():
-        idx = batch()
-        with autocast(device):
-            _, logits = model(_views(data.x[idx], gen, data, strong=False))
-        loss = F.cross_entropy(logits.float(), data.noisy[idx])
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-    ce = interleaved(ce_step, args.rounds, args.steps)
-    if before is None:
-        os.environ.pop(FLAG, None)
-    else:
-        os.environ[FLAG] = before
+    sel_step, tr, T_idx = selcl_stepper(cfg, data, classes, device, batch, k=cfg["pretrain"]["k"])
+    sel = interleaved(sel_step, args.rounds, args.steps)
+    ce = interleaved(ce_stepper(cfg, data, classes, device, batch, gen), args.rounds, args.steps)
 
     med = {name: {p: statistics.median(t) for p, t in times.items()} for name, times in
            (("Sel-CL pre-training step", sel), ("plain CE step", ce))}

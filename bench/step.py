@@ -72,6 +72,36 @@ def bench_config(arch: str, batch: int) -> dict:
     return cfg
 
 
+def selcl_stepper(cfg: dict, data: TrainData, num_classes: int, device, batch, k: int = 250):
+    """One Sel-CL pre-training step as a call, in steady state: a real selection (k-NN of
+    `k`) and the memory full (read from epoch 4 on). batch() → the indices of one batch.
+    Returns (step, the pretrainer, T's indices)."""
+    tr = make_pretrainer(cfg, num_classes, device)       # its forwards: CUDA graphs on CUDA
+    rule, T_idx = realistic_selection(data, num_classes, cfg["model"]["proj_dim"], device, k=k)
+    while len(tr.memory.ids) < tr.memory.size:          # fill the memory as in steady state
+        tr.step(data, batch(), rule, T_idx, read_memory=True)
+    return (lambda: tr.step(data, batch(), rule, T_idx, read_memory=True)), tr, T_idx
+
+
+def ce_stepper(cfg: dict, data: TrainData, num_classes: int, device, batch, gen):
+    """One plain CE step as a call: same network, batch, device; weak augmentation, one pass."""
+    model = make_model(cfg["model"], num_classes, device)
+    opt = sgd(model, cfg["baseline"])
+    net = training_forward(model, device)               # the same forward path as the loops
+
+    def ce_step():
+        idx = batch()
+        v = _views(data.x[idx], gen, data, strong=False)
+        with autocast(device):
+            _, logits = net(v)
+        loss = F.cross_entropy(logits.float(), data.noisy[idx])
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+    model.train()
+    return ce_step
+
+
 def timed(fn, iters: int, device) -> float:
     for _ in range(3):                    # warm-up (cuDNN autotune, allocator, compilation)
         fn()
@@ -120,30 +150,11 @@ def main() -> None:
     cfg = bench_config(args.arch, args.batch)
     data = fake_data(args.n, args.classes, args.size, device)
 
-    # Sel-CL step, with a full memory (read from epoch 4 on) and a real selection.
-    tr = make_pretrainer(cfg, args.classes, device)      # its forwards: CUDA graphs on CUDA
-    rule, T_idx = realistic_selection(data, args.classes, cfg["model"]["proj_dim"], device)
     gen = torch.Generator(device=device).manual_seed(0)
     batch = lambda: torch.randperm(args.n, generator=gen, device=device)[:args.batch]  # noqa: E731  (distinct, as an epoch)
-    while len(tr.memory.ids) < tr.memory.size:          # fill the memory as in steady state
-        tr.step(data, batch(), rule, T_idx, read_memory=True)
-    t_sel = timed(lambda: tr.step(data, batch(), rule, T_idx, read_memory=True), args.iters, device)
-
-    # Plain CE step: same network, batch, device; weak augmentation, one pass.
-    model = make_model(cfg["model"], args.classes, device)
-    opt = sgd(model, cfg["baseline"])
-    net = training_forward(model, device)               # the same forward path as the loops
-
-    def ce_step():
-        idx = batch()
-        v = _views(data.x[idx], gen, data, strong=False)
-        with autocast(device):
-            _, logits = net(v)
-        loss = F.cross_entropy(logits.float(), data.noisy[idx])
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-    model.train()
+    sel_step, tr, T_idx = selcl_stepper(cfg, data, args.classes, device, batch)
+    t_sel = timed(sel_step, args.iters, device)
+    ce_step = ce_stepper(cfg, data, args.classes, device, batch, gen)
     t_ce = timed(ce_step, args.iters, device)
 
     # The work floor: floating-point operations of one step each (convolutions and matrix
@@ -151,7 +162,7 @@ def main() -> None:
     # the counter does not see inside CUDA graphs.
     work = None
     if args.eager or device.type != "cuda":
-        work = (flops(lambda: tr.step(data, batch(), rule, T_idx, read_memory=True)), flops(ce_step))
+        work = (flops(sel_step), flops(ce_step))
 
     info = describe(device)
     ratio = t_sel / t_ce
