@@ -17,7 +17,8 @@ def run(name: str) -> None:
     n_T = int(pre["examples"].sum())
     if n_T == 0:
         raise StageError(f"settings.{name}.pretrain.alpha = {cfg['pretrain']['alpha']}: the final "
-                         f"selection T is empty, nothing to fine-tune on (lower alpha or k)")
+                         f"selection T is empty, nothing to fine-tune on (raise alpha, or lower k if it "
+                         f"is near the images per class)")
     fp = checkpoint.fingerprint("finetune", cfg["model"], cfg["finetune"], checkpoint.file_digest(out / "pretrain.pt"))
     ckpt = checkpoint.Checkpointer(checkpoint_path(name, "finetune"), fp, cfg["finetune"]["checkpoint_every"])
     state = finetune(cfg, data, pre, device, ckpt, on_epoch=live_history(out / "finetune_history.csv"))
