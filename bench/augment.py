@@ -1,7 +1,7 @@
 """Micro-benchmark: batched selcl.augment vs per-sample torchvision pipelines.
 
     python bench/augment.py [--batch 128] [--size 32] [--out-size S] [--iters 20] [--device cpu|cuda]
-                            [--threads N] [--out bench/results/augment_<device>.json]
+                            [--threads N] [--out FILE.json]   (no --out: print only)
 
 Times one strong (pre-training) view and one weak (fine-tuning) view of a batch of
 uint8 images [B, 3, S, S]:

@@ -4,7 +4,7 @@ JSON line of results: for before/after comparisons of the method code (bench/res
 Uses only the library's stage functions, so the same file runs against an older checkout:
 
     python bench/parity_runs.py --root . --setting demo_sym40 >> results.jsonl
-    python bench/parity_runs.py --root ../old --setting cpu_cifar10_sym40 --path c10.tar.gz
+    python bench/parity_runs.py --root ../old --setting cpu_cifar10_asym40 --path c10.tar.gz
 
 Diagnosis from a finished run (issue 11): `--from-run runs/<setting>` (or `--rev <experiment>`:
 that experiment's runs/<setting>/ from DVC's cache) skips the warm-up and pre-training and

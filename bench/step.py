@@ -1,8 +1,9 @@
 """One Sel-CL pre-training step against one plain cross-entropy step (issue: target ≤ 6.5×).
 
-Same network, batch size and device. The Sel-CL step does ~6 network passes (online on
-two mixed views, EMA on two views, the classifier batch's two views) plus the selective
-contrastive loss over batch + memory and L_SIM; the CE step does one weakly augmented
+Same network, batch size and device. The Sel-CL step (SPEC §10.2) does 8 view
+forwards (online: view 1 and the two mixed views; EMA: view 2 and the two mixed views; the
+L_CLS batch's two views), their backward, L_SIM's separate backward over the online views,
+and the selective contrastive loss over batch + memory; the CE step does one weakly augmented
 pass. Both include their augmentation and the optimiser step.
 
     python bench/step.py                 # PreAct ResNet-18, batch 128, CIFAR-sized data

@@ -592,7 +592,7 @@ def build_report(run: list[str], configs: dict[str, dict], runs_dir: Path, table
           "pre-training + fine-tuning = Sel-CL+'s total / baseline epochs; the paper trains 1 + 249 + 70 "
           "epochs (250 in all, then 70) (and CE 200 or more). "
           "*Reproduced*: within ±1 point of the paper's Sel-CL+, given only where the run has the "
-          "paper's configuration (SPEC; the authors' scripts) in every param that changes the "
+          "paper's configuration (the paper and the authors' scripts) in every param that changes the "
           "method, budget included; a run that differs in any is *not comparable*, and the list "
           "below says where it differs.", "",
           "| setting | dataset | noise | budget (epochs) | Sel-CL+ | final | baseline (ours) | baseline best | "
@@ -606,7 +606,7 @@ def build_report(run: list[str], configs: dict[str, dict], runs_dir: Path, table
           "## Noise: requested and realised", "",
           "The realised rate is the fraction of training labels that differ from the true ones. "
           "Symmetric noise re-draws ⌊r·N⌋ labels uniformly from all C classes, the true one included "
-          "(the authors' scripts), so about r/C of them land back on the true class: the realised rate "
+          "(the authors' scripts), so about 1/C of them (r/C of all labels) land back on the true class: the realised rate "
           "is about r·(C−1)/C (0.36 for r = 0.4 on 10 classes). Asymmetric noise flips an example "
           "with probability r only if the map moves its class (on CIFAR-10 five of the ten classes; "
           "the generic map of digits and image folders moves every class), so the realised rate is "
@@ -618,6 +618,10 @@ def build_report(run: list[str], configs: dict[str, dict], runs_dir: Path, table
           "| setting | clean top-1 | clean top-5 | noisy top-1 | noisy top-5 | paper (clean) |",
           "|---|---|---|---|---|---|", *knn_rows, "",
           "## Final selection (last pre-training epoch)", "",
+          "Sel-CL's selection after the last pre-training epoch: the T that Sel-CL+ fine-tunes on "
+          "and the pairs G it pre-trained with. A run with `pretrain.selection: false` or another "
+          "`pretrain.selected_sets` (Tables 4 and 6) pre-trains and fine-tunes on that variant's "
+          "sets instead; its row still shows the selection, for comparison.", "",
           "| setting | \\|T\\| | precision of T | recall of T | precision of G | γ | n_sel |",
           "|---|---|---|---|---|---|---|", *sel_rows, ""]
     if web_rows:

@@ -560,8 +560,12 @@ def make_pretrainer(cfg: dict, num_classes: int, device, warm: dict | None = Non
     model = make_model(cfg["model"], num_classes, device)
     ema = EMA(model, pc["ema"] if ema_momentum is None else ema_momentum)
     queue = KeyQueue(cfg["warmup"]["queue_size"], cfg["model"]["proj_dim"], device)
-    memory = LabelledMemory(pc["queue_per_class"] * num_classes * 2, cfg["model"]["proj_dim"],
-                            num_classes, device)
+    size = pc["queue_per_class"] * num_classes * 2
+    if size < 2 * pc["batch_size"]:      # every step enqueues the 2B mixed views (even with memory off)
+        raise ConfigError(f"settings.{cfg['name']}.pretrain.queue_per_class = {pc['queue_per_class']}: "
+                          f"the memory (queue_per_class·C·2 = {size} entries, C = {num_classes}) must hold "
+                          f"a step's 2 × batch_size = {2 * pc['batch_size']} mixed views")
+    memory = LabelledMemory(size, cfg["model"]["proj_dim"], num_classes, device)
     g, np_rng, order = _generators(cfg["model"]["seed"] * 1000 + 2, device)
     recompute = sim_recompute_enabled()
     tr = Pretrainer(model, ema, sgd(model, pc), queue, memory, g, np_rng, pc,
@@ -750,7 +754,7 @@ def finetune(cfg: dict, data: TrainData, pre: dict, device, ckpt: Checkpointer, 
     T_idx = torch.nonzero(torch.as_tensor(pre["examples"], device=device)).squeeze(1)
     if len(T_idx) == 0:
         raise ValueError("the final selection T is empty: nothing to fine-tune on "
-                         "(lower pretrain.alpha or pretrain.k for this setting)")
+                         "(raise pretrain.alpha, or lower pretrain.k if it is near the images per class)")
     tc = dict(fc, lr_warmup_epochs=0, lr_decay_epochs=[])   # constant lr 0.001
     history = _train_classifier(model, data, T_idx, tc, device, ckpt, desc="fine-tune",
                                 seed=cfg["model"]["seed"] * 1000 + 3, mixup_alpha=fc["mixup_alpha"],

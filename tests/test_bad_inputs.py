@@ -184,6 +184,8 @@ CASES = [
     Case("baseline_eval_last_gt_epochs", "baseline", (f"{S}.baseline.eval_last",),
          setv(f"{S}.baseline.eval_last", 3)),
     Case("blocks_empty", "warmup", (f"{S}.model.blocks",), setv(f"{S}.model.blocks", [])),
+    Case("memory_smaller_than_two_batches", "warmup", (f"{S}.pretrain.queue_per_class = 3", "64"),
+         setv(f"{S}.pretrain.queue_per_class", 3)),
     # --- names
     Case("unknown_dataset", "data", (f"{S}.data.dataset", "'cifar'"), setv(f"{S}.data.dataset", "cifar")),
     Case("unknown_noise_kind", "noise", (f"{S}.noise.kind", "symmetric"),
