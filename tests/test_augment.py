@@ -155,6 +155,38 @@ def test_crop_sampler_distribution_matches_torchvision():
         la = torch.log(boxes_a[:, 3] / boxes_a[:, 2])
         lb = torch.log(boxes_b[:, 3] / boxes_b[:, 2])
         assert abs(la.mean() - lb.mean()) < 0.02
+        # whole distributions, not only means (a symmetric wrong ratio range or a shifted
+        # scale range keeps the means): two-sample Kolmogorov–Smirnov statistic of the area,
+        # |log ratio| and the box centre, under its 0.1 % critical value 1.95·√(2/B) ≈ 0.044
+        for name, a, b in [("area", fa, fb), ("|log ratio|", la.abs(), lb.abs()),
+                           ("centre row", boxes_a[:, 0] + boxes_a[:, 2] / 2, boxes_b[:, 0] + boxes_b[:, 2] / 2),
+                           ("centre col", boxes_a[:, 1] + boxes_a[:, 3] / 2, boxes_b[:, 1] + boxes_b[:, 3] / 2)]:
+            assert _ks(a, b) < 1.95 * math.sqrt(2 / B), name
+
+
+def _ks(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Two-sample KS statistic: the largest gap between the two empirical CDFs."""
+    grid = torch.cat([a, b]).unique()
+    cdf = lambda x: torch.searchsorted(x.sort().values, grid, right=True).double() / len(x)  # noqa: E731
+    return float((cdf(a) - cdf(b)).abs().max())
+
+
+def test_the_distribution_check_sees_a_wrong_range():
+    """The check above can fail: a ratio range of (1/2, 2) keeps the mean log ratio at
+    about 0 but not its spread, and a scale range of (0.13, 1) shifts the areas."""
+    B, H, W = 4000, 32, 32
+    img = torch.zeros(3, H, W)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        boxes = {key: torch.tensor([T1.RandomResizedCrop.get_params(img, scale, ratio) for _ in range(B)],
+                                   dtype=torch.float64)
+                 for key, scale, ratio in [("paper", (0.08, 1.0), (3 / 4, 4 / 3)), ("ratio", (0.08, 1.0), (1 / 2, 2)),
+                                          ("scale", (0.13, 1.0), (3 / 4, 4 / 3))]}
+    area = {k: v[:, 2] * v[:, 3] / (H * W) for k, v in boxes.items()}
+    ratio = {k: torch.log(v[:, 3] / v[:, 2]).abs() for k, v in boxes.items()}
+    bar = 1.95 * math.sqrt(2 / B)
+    assert _ks(ratio["ratio"], ratio["paper"]) > bar
+    assert _ks(area["scale"], area["paper"]) > bar
 
 
 # ---------------------------------------------------------------------------

@@ -17,11 +17,18 @@ from selcl.device import precision  # noqa: E402
 
 def test_rounds_alternate_and_each_time_is_filed_under_its_precision(monkeypatch):
     monkeypatch.delenv("SELCL_CPU_BF16", raising=False)
-    ran = []
-    times = cpu_bf16.interleaved(lambda: ran.append(precision(torch.device("cpu"))), rounds=3, steps=2)
     f32, bf16 = "float32", "bf16 autocast"
+    clock, ran = [0.0], []
+
+    def step():     # a fake clock: a float32 step "takes" 0.25 s, a bf16 one 1 s
+        ran.append(precision(torch.device("cpu")))
+        clock[0] += 1.0 if ran[-1] == bf16 else 0.25
+
+    monkeypatch.setattr(cpu_bf16.time, "perf_counter", lambda: clock[0])
+    times = cpu_bf16.interleaved(step, rounds=3, steps=2)
     assert ran == [f32, bf16] + ([f32] * 2 + [bf16] * 2) * 3        # one untimed step of each first
-    assert set(times) == {f32, bf16} and all(len(t) == 3 and min(t) >= 0 for t in times.values())
+    assert times == {f32: [0.25] * 3, bf16: [1.0] * 3}              # per step, filed by precision
+    assert "SELCL_CPU_BF16" not in os.environ                        # unset again, as found
 
 
 def test_the_benchmark_runs_and_restores_the_flag(tmp_path, monkeypatch):

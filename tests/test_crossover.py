@@ -124,4 +124,5 @@ def test_ce_factor_names_its_experiments_apart():
 def test_collect_folders_names_a_missing_folder(tmp_path, capsys):
     from crossover import main
     assert main(["collect", "s", "--out", str(tmp_path / "x"), "--folders", str(tmp_path / "nowhere") + "=1"]) == 2
-    assert "--folders" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "--folders" in err and "nowhere" in err

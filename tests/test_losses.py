@@ -136,7 +136,8 @@ def test_mixup_cross_entropy_bf16():
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 
-def _selective_problem(device, dtype, B=6, M=20, d=16, C=4, seed=0):
+def _selective_problem(device, dtype, B=6, M=20, d=16, C=4, seed=0, then=None):
+    """then: a second dtype the `dtype`-rounded inputs are cast to (bf16 values in float32)."""
     g = torch.Generator().manual_seed(seed)
     G = random_G(g, 0.3)
     idx = torch.randperm(N_IDS, generator=g)[:B]
@@ -150,6 +151,9 @@ def _selective_problem(device, dtype, B=6, M=20, d=16, C=4, seed=0):
     lam = torch.cat([torch.full((B,), 0.7), torch.full((B,), 0.9)]).double()
     u = torch.rand(B, generator=g, dtype=torch.float64)
     to = lambda t: t.to(device=device, dtype=dtype if t.is_floating_point() else t.dtype)  # noqa: E731
+    if then is not None:
+        first = to
+        to = lambda t: first(t).to(then) if t.is_floating_point() else first(t)  # noqa: E731
     Gd = G.to(device)
     own = torch.arange(2 * B, device=device)
     cur = torch.zeros(M, dtype=torch.bool)
@@ -164,16 +168,25 @@ def _selective_problem(device, dtype, B=6, M=20, d=16, C=4, seed=0):
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_selective_losses_bf16_on_device_match_float64(device):
-    """The training-time call pattern (bf16 embeddings on `device`) computes in float32 and
-    agrees with the float64 CPU result to bf16 precision; gradients reach the anchors."""
+    """The training-time call pattern (bf16 embeddings on `device`) computes in float32: the
+    losses and the anchors' gradient equal a float32 run on the same bf16-rounded values to
+    float32 precision (a bf16 matmul or log would be ~1e-2 off), and agree with the float64
+    CPU result to bf16 precision."""
     ref, _ = _selective_problem("cpu", torch.float64)
     got, zt = _selective_problem(device, torch.bfloat16)
+    f32, zf = _selective_problem(device, torch.bfloat16, then=torch.float32)
     for k in ("l_sel", "l_sim"):
         assert got[k].dtype == torch.float32 and got[k].device.type == device
+        torch.testing.assert_close(got[k], f32[k], rtol=1e-5, atol=1e-6)
         assert float(got[k].detach()) == pytest.approx(float(ref[k].detach()), rel=0.03)
     assert torch.equal(got["s"].cpu().bool(), ref["s"].bool())
     got["l_sel"].backward()
+    f32["l_sel"].backward()
     assert torch.isfinite(zt.grad).all() and zt.grad.abs().sum() > 0
+    # zt feeds the anchors and the batch candidates: its two gradient parts are rounded to
+    # bf16 and summed there, so allow a few bf16 ulps of the gradient's scale
+    scale = float(zf.grad.abs().max())
+    torch.testing.assert_close(zt.grad.float(), zf.grad, rtol=1e-2, atol=2 ** -7 * scale)
 
 
 def test_fallback_weights_thresholds():

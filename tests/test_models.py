@@ -182,7 +182,8 @@ def test_backward_reaches_all_params():
     m = M.build_model("small", 10, width=8, blocks=(1, 1), generator=gen(0))
     z, logits = m(torch.randn(4, 3, 16, 16, generator=gen(8)))
     (z.sum() + logits.sum()).backward()
-    assert all(p.grad is not None for p in m.parameters())
+    for name, p in m.named_parameters():
+        assert p.grad is not None and p.grad.abs().sum() > 0, name
 
 
 def test_reset_classifier_changes_only_classifier():
@@ -221,6 +222,7 @@ def test_ema_update_math():
     assert all(p.requires_grad for p in m.parameters())
     old = {k: v.double().clone() for k, v in ema.model.state_dict().items()}
     _perturb(m, 10)
+    online = {k: v.clone() for k, v in m.state_dict().items()}
     ema.update(m)
     new_ema = ema.model.state_dict()
     params = {n for n, _ in ema.model.named_parameters()}
@@ -232,6 +234,8 @@ def test_ema_update_math():
             assert torch.equal(new_ema[k], v), k
     # the online model is not touched, and is a different object
     assert ema.model is not m
+    for k, v in m.state_dict().items():
+        assert torch.equal(v, online[k]), k
 
 
 def test_ema_uses_batch_statistics_and_no_grad():

@@ -180,13 +180,14 @@ def test_odd_sizes_need_image_size(tiny_folder):
     assert (means.argmax(1) == data.y_train).all()
 
 
-def test_image_size_on_a_fixed_size_dataset_is_a_config_error(tmp_path, monkeypatch):
+def test_image_size_on_a_fixed_size_dataset_is_a_config_error(tmp_path, monkeypatch, capsys):
     from conftest import tiny_params_dict
     params = tiny_params_dict(data={"image_size": 32})
     write_params(tmp_path, params)
     with pytest.raises(SystemExit) as e:
         run_stage_inprocess(monkeypatch, tmp_path, "data")
     assert e.value.code == 2
+    assert "data.image_size" in capsys.readouterr().err
 
 
 # --------------------------------------------------------------------- the crops
@@ -307,12 +308,14 @@ def test_data_npz_records_the_crop_only_when_set(tmp_path):
     assert back.crop == 6 and back.crop_scale == (0.2, 1.0)
 
 
-def test_crop_larger_than_the_stored_images_stops_the_data_stage(tmp_path, monkeypatch):
+def test_crop_larger_than_the_stored_images_stops_the_data_stage(tmp_path, monkeypatch, capsys):
     from conftest import tiny_params_dict
     write_params(tmp_path, tiny_params_dict(data={"crop": 17}))      # digits: 16×16
     with pytest.raises(SystemExit) as e:
         run_stage_inprocess(monkeypatch, tmp_path, "data")
     assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "data.crop = 17" in err and "larger than" in err
 
 
 # --------------------------------------------------------------------- end to end
