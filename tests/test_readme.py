@@ -50,3 +50,17 @@ def test_recording_a_demo_report_keeps_the_other_seeds(tmp_path):
     assert (dest / "seeds" / "demo_sym40-seed2.json").read_text() == "kept"
     assert sorted(p.name for p in (dest / "metrics").iterdir()) == ["demo_sym40.json"]
     assert (dest / "README.md").read_text() == "new report"
+    # the record keeps no figures/: a report's figure links become plain text, not dead links
+    (src / "README.md").write_text("a\n![test accuracy](figures/demo_sym40_accuracy.png)\nb\n")
+    R.record(src, dest)
+    rec = (dest / "README.md").read_text()
+    assert "](figures/" not in rec and "`demo/figures/demo_sym40_accuracy.png`" in rec and "test accuracy" in rec
+
+
+def test_the_recorded_report_links_no_missing_file():
+    """Every relative link in the recorded demo report points at a file that exists."""
+    import re
+    rec = ROOT / "bench" / "results" / "demo" / "README.md"
+    for target in re.findall(r"\]\(([^)#\s]+)\)", rec.read_text()):
+        if "://" not in target:
+            assert (rec.parent / target).exists(), target

@@ -65,7 +65,16 @@ def record(src: Path, dest: Path = RECORD) -> None:
     dest.mkdir(parents=True, exist_ok=True)
     shutil.copytree(src / "metrics", dest / "metrics")
     shutil.copy2(src / "metrics.json", dest / "metrics.json")
-    shutil.copy2(src / "README.md", dest / "README.md")   # figures stay in demo/ (not committed)
+    # figures stay in demo/ (not committed): the record names them instead of linking them
+    (dest / "README.md").write_text(unlink_figures((src / "README.md").read_text()))
+
+
+FIGURE = re.compile(r"!\[([^\]]*)\]\((figures/[^)\s]+)\)")
+
+
+def unlink_figures(md: str) -> str:
+    """A report's figure links as plain text: the record keeps no figures/ folder."""
+    return FIGURE.sub(lambda m: f"*{m.group(1)}: `demo/{m.group(2)}` after `make demo` (not recorded)*", md)
 
 
 def main() -> int:
