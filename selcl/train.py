@@ -228,15 +228,25 @@ def _rng_state(g: torch.Generator, np_rng: np.random.Generator, order=None) -> d
     return {"ranks": dist.all_objects(state)} if dist.world_size() > 1 else state
 
 
-def _set_rng_state(g, np_rng, state, order=None) -> None:
+def _set_rng_state(g, np_rng, state, order=None, source: str | None = None) -> None:
+    """Continue every generator from `state`. It must come from as many processes on the same
+    kind of device; otherwise one error naming `source` (a stage output) or the checkpoint."""
     from .checkpoint import CheckpointError
     saved = len(state["ranks"]) if "ranks" in state else 1
+    mine = state["ranks"][dist.rank()] if "ranks" in state and saved == dist.world_size() else state
     if saved != dist.world_size():
-        raise CheckpointError(f"checkpoint written by {saved} process(es), resumed with "
-                              f"{dist.world_size()}: resume with the same number of processes "
-                              f"(or delete the checkpoint to start over)")
-    if "ranks" in state:
-        state = state["ranks"][dist.rank()]
+        wrong = f"written by {saved} process(es), read by {dist.world_size()}"
+    elif mine["torch"].numel() != g.get_state().numel():       # a CPU generator's state is 5,056 bytes, CUDA's 16
+        wrong = f"its random state is not for a {g.device.type} generator (another device)"
+    else:
+        wrong = None
+    if wrong and source is None:
+        raise CheckpointError(f"checkpoint {wrong}: resume with the same number of processes "
+                              f"(SELCL_NPROC) and device (or delete the checkpoint to start over)")
+    if wrong:
+        raise CheckpointError(f"{source} {wrong}: its stage continues as one run, so run it again "
+                              f"with the same SELCL_NPROC and device as this one")
+    state = mine
     g.set_state(state["torch"])
     np_rng.bit_generator.state = state["numpy"]
     if order is not None and "order" in state:
@@ -528,12 +538,12 @@ class Pretrainer:
                 "opt": self.opt.state_dict(), "queue": self.queue.state_dict(),
                 "memory": self.memory.state_dict(), "rng": _rng_state(self.g, self.np_rng, self.order)}
 
-    def load_state_dict(self, state: dict, rng: bool = True) -> None:
+    def load_state_dict(self, state: dict, rng: bool = True, source: str | None = None) -> None:
+        if rng:       # first: a state from another process count or device is one clear error
+            _set_rng_state(self.g, self.np_rng, state["rng"], self.order, source=source)
         self.model.load_state_dict(state["model"]); self.ema.load_state_dict(state["ema"])
         self.opt.load_state_dict(state["opt"]); self.queue.load_state_dict(state["queue"])
         self.memory.load_state_dict(state["memory"])
-        if rng:
-            _set_rng_state(self.g, self.np_rng, state["rng"], self.order)
 
 
 SIM_MAX_NORM = 0.25     # the authors clip the gradient of λ_s·L_SIM to this total norm
@@ -570,12 +580,14 @@ def make_pretrainer(cfg: dict, num_classes: int, device, warm: dict | None = Non
     recompute = sim_recompute_enabled()
     tr = Pretrainer(model, ema, sgd(model, pc), queue, memory, g, np_rng, pc,
                     # unused heads under DDP: the classifier in the Uns-CL warm-up or when off
-                    net=training_forward(model, device, unused_heads=warm is None or not pc["classifier"],
+                    net=training_forward(model, device, unused_heads=warm is None or not pc["classifier"]
+                                         or pc["lambda_cls"] == 0,
                                          cuda_graphs=not _clips_sim(pc) or recompute),
                     ema_net=key_forward(ema), order=order, uns_temperature=cfg["warmup"]["temperature"],
                     sim_recompute=recompute)
     if warm is not None:
-        tr.load_state_dict(warm)          # random streams continue too: one run
+        # random streams continue too: one run (dvc repro -f warmup@<setting> redoes the warm-up)
+        tr.load_state_dict(warm, source=f"runs/{cfg['name']}/warmup.pt")
         tr.ema.momentum = float(pc["ema"])
     else:
         queue.fill_random(g)              # the authors' MoCo queue starts full of random keys
@@ -602,6 +614,11 @@ def pretrain(cfg: dict, data: TrainData, warm: dict, device, ckpt: Checkpointer,
     for epoch in bar:
         rule = configured_rule(selection, data.noisy, data.clean, pc)
         T_idx = torch.nonzero(rule.examples).squeeze(1)
+        if len(T_idx) == 0 and pc["classifier"] and pc["lambda_cls"] > 0 and dist.world_size() > 1:
+            # one process skips L_CLS for the epoch; DDP's reducer would wait for the classifier
+            raise ConfigError(f"settings.{cfg['name']}.pretrain.alpha = {pc['alpha']}: the selection T is "
+                              f"empty after epoch {epoch - 1}, which SELCL_NPROC > 1 cannot train through "
+                              f"(no L_CLS gradient for the classifier); raise alpha or run one process")
         read_memory = pc["memory"] and epoch >= pc["memory_start_epoch"]
         tr.model.train(); tr.ema.model.train()     # EMA BatchNorm: batch statistics (§2)
         means = EpochMeans()

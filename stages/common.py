@@ -125,6 +125,8 @@ def relaunch_under_torchrun() -> None:
         # line from this process instead of N lines and torchrun's failure report.
         section = BATCH_SECTION.get(Path(sys.argv[0]).stem, Path(sys.argv[0]).stem)
         check_batch_split(load(setting_from_argv()), section, int(nproc))
+        if Path(sys.argv[0]).stem == "pretrain":
+            check_warmup_processes(setting_from_argv(), int(nproc))
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                f"--nproc_per_node={nproc}", sys.argv[0], *sys.argv[1:]]
         sys.stdout.flush()
@@ -169,6 +171,22 @@ def check_batch_split(cfg: dict, section: str, nproc: int) -> None:
     if bs % nproc:
         raise StageError(f"settings.{cfg['name']}.{section}.batch_size = {bs}: not divisible by the "
                          f"{nproc} torchrun processes (SELCL_NPROC)")
+
+
+def check_warmup_processes(name: str, nproc: int) -> None:
+    """Pre-training continues the warm-up's random streams, one per process, so a warm-up
+    output of another process count is one line here, before torchrun starts N processes
+    (inside them it would be N errors and torchrun's report). A missing or corrupt file is
+    left to the stage, which names it."""
+    path = run_dir(name) / "warmup.pt"
+    try:
+        rng = torch.load(path, map_location="cpu", weights_only=False)["rng"]
+    except Exception:  # noqa: BLE001
+        return
+    saved = len(rng["ranks"]) if isinstance(rng, dict) and "ranks" in rng else 1
+    if saved != nproc:
+        raise StageError(f"{path} written by {saved} process(es), read by {nproc}: its stage continues "
+                         f"as one run, so run it again with the same SELCL_NPROC and device as this one")
 
 
 def check_sizes(cfg: dict, n_train: int, sections=("pretrain", "finetune", "baseline"), k: bool = True) -> None:

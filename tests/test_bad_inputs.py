@@ -287,6 +287,8 @@ CASES = [
          setv(f"{S}.pretrain.batch_size", 256)),
     Case("pretrain_k_not_below_dataset", "pretrain", (f"{S}.pretrain.k", "smaller than the 200"),
          setv(f"{S}.pretrain.k", 500)),
+    Case("warmup_output_from_two_processes", "pretrain", (f"{RUN}/warmup.pt", "2 process(es), read by 1", "SELCL_NPROC"),
+         write_file(f"{RUN}/warmup.pt", lambda f: _warmup_output_of_two_processes(f))),
     Case("finetune_on_empty_selection", "finetune", (f"{S}.pretrain.alpha", "selection T is empty", "raise alpha"),
          write_file(f"{RUN}/pretrain.pt", lambda f: _pretrain_output_with_empty_T())),
     # --- machine
@@ -310,6 +312,14 @@ def _pretrain_output_with_empty_T() -> bytes:
     cfg = resolve(tiny_params_dict(), SETTING)
     model = make_model(cfg["model"], 10, torch.device("cpu"))
     return _torch_bytes({"model": model.state_dict(), "examples": torch.zeros(200, dtype=torch.bool)})
+
+
+def _warmup_output_of_two_processes(folder) -> bytes:
+    """The tiny setting's real warm-up output, its random state as torchrun with 2 processes
+    writes it (one entry per rank)."""
+    warm = torch.load(Path(folder) / RUN / "warmup.pt", weights_only=False)
+    warm["rng"] = {"ranks": [warm["rng"], warm["rng"]]}
+    return _torch_bytes(warm)
 
 
 def _torch_bytes(obj) -> bytes:

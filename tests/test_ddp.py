@@ -120,6 +120,26 @@ def test_training_stages_under_torchrun(tmp_path, tiny_upstream):
     assert len(ckpt["rng"]["ranks"]) == 2             # both ranks' RNG states: exact resume
 
 
+def test_pretraining_without_l_cls_under_torchrun(tmp_path, tiny_upstream):
+    """λ_cls = 0 leaves the classifier without a gradient in the main backward (L_SIM's is
+    added by hand): DDP must be told, or its reducer waits. First, a one-process warm-up
+    output read by 2 processes is one clear error naming the file (its random state has
+    one entry, not one per rank)."""
+    write_params(tmp_path, tiny_params_dict(pretrain={"epochs": 3, "lambda_cls": 0.0}))
+    copy_upstream(tiny_upstream, tmp_path)
+    env = stage_env(SELCL_NPROC="2", SELCL_ALLOW_CPU="1")
+    run = lambda stage: subprocess.run([PYTHON, str(STAGES / f"{stage}.py"), SETTING], cwd=tmp_path,  # noqa: E731
+                                       env=env, capture_output=True, text=True, timeout=600)
+    proc = run("pretrain")
+    assert proc.returncode == 2 and f"runs/{SETTING}/warmup.pt" in proc.stderr, proc.stderr[-3000:]
+    assert "written by 1 process(es), read by 2" in proc.stderr
+    (tmp_path / "runs" / SETTING / "warmup.pt").unlink()
+    for stage in ("warmup", "pretrain"):
+        proc = run(stage)
+        assert proc.returncode == 0, f"{stage}: {proc.stderr[-3000:]}"
+    assert len((tmp_path / "runs" / SETTING / "pretrain_history.csv").read_text().splitlines()) == 1 + 2
+
+
 def test_batch_not_divisible_by_processes_is_one_clear_error(tmp_path, tiny_upstream):
     write_params(tmp_path, tiny_params_dict(pretrain={"batch_size": 33}))   # the warm-up's loader too
     copy_upstream(tiny_upstream, tmp_path)
