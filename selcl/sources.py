@@ -17,6 +17,8 @@ from pathlib import Path
 
 from .atomic import atomic_write_text
 
+CACHE = Path("scratch") / "digests.json"     # the stages' stat-keyed sha256 cache (git/dvc-ignored)
+
 
 def _sha256(path: Path) -> str:
     h = hashlib.sha256()
@@ -68,9 +70,25 @@ def digest(path: str | Path | None, cache: DigestCache) -> str | None:
     if not path.is_dir():
         return None
     h = hashlib.sha256()
-    for folder, dirs, files in os.walk(path):
+    seen = set()        # the data stage reads through symlinked folders, so the digest does too
+    for folder, dirs, files in os.walk(path, followlinks=True):
+        real = os.path.realpath(folder)
+        if real in seen:                # a link back up the tree: read each real folder once
+            dirs[:] = []
+            continue
+        seen.add(real)
         dirs.sort()
         for name in sorted(files):
             p = Path(folder) / name
             h.update(f"{p.relative_to(path).as_posix()}\0{cache.file(p)}\n".encode())
     return h.hexdigest()
+
+
+def output_digest(path: Path) -> str:
+    """sha256 of a stage output (a run's data.npz: a resumed checkpoint must have trained on
+    the same images), through the shared cache: hashed once, then only stat'ed."""
+    cache = DigestCache(CACHE)
+    try:
+        return cache.file(Path(path))
+    finally:
+        cache.save()

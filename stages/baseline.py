@@ -3,6 +3,7 @@ weak augmentation → runs/<setting>/baseline.json, baseline_history.csv."""
 from common import check_sizes, checkpoint_path, live_history, load, main, require_device, run_dir, write_history
 
 from selcl import checkpoint, dist
+from selcl.sources import output_digest
 from selcl.train import TrainData, baseline, summarise
 
 
@@ -20,7 +21,8 @@ def run(name: str) -> None:
         return
     data = TrainData.load(out, device)
     check_sizes(cfg, data.n, ("baseline",))
-    fp = checkpoint.fingerprint("baseline", cfg["model"], cfg["baseline"], checkpoint.file_digest(out / "labels.npz"))
+    fp = checkpoint.fingerprint("baseline", cfg["model"], cfg["baseline"], checkpoint.file_digest(out / "labels.npz"),
+                                output_digest(out / "data.npz"))
     ckpt = checkpoint.Checkpointer(checkpoint_path(name, "baseline"), fp, cfg["baseline"]["checkpoint_every"])
     state = baseline(cfg, data, device, ckpt, on_epoch=live_history(out / "baseline_history.csv"))
     if not dist.is_main():      # torchrun: rank 0 writes the outputs

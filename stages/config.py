@@ -19,11 +19,11 @@ if str(ROOT) not in sys.path:
 from selcl.atomic import atomic_write_text  # noqa: E402
 from selcl.config import load_setting  # noqa: E402
 from selcl.errors import ConfigError  # noqa: E402
-from selcl.sources import DigestCache, digest  # noqa: E402
+from selcl.sources import CACHE, DigestCache, digest  # noqa: E402
 from selcl.stage_params import STAGES, plain, stage_view  # noqa: E402
 
 EXIT_BAD_INPUT = 2
-DIGESTS = Path("scratch") / "digests.json"     # stat-keyed sha256 cache (git/dvc-ignored)
+DIGESTS = CACHE                                # stat-keyed sha256 cache (git/dvc-ignored)
 
 
 def dump(obj) -> str:

@@ -223,3 +223,27 @@ def test_pretrain_resumes_exactly_after_kill_9(tmp_path):
     metrics_b = json.loads((b / RUN / "pretrain.json").read_text())
     metrics_a.pop("env", None), metrics_b.pop("env", None)   # machine description, not a result
     assert metrics_a == metrics_b
+
+
+def test_warmup_and_baseline_checkpoints_follow_the_images(tmp_path, tiny_upstream, monkeypatch, capsys):
+    """A checkpoint left by an interrupted warm-up or CE baseline is resumed only on the same
+    images: data.npz enters their fingerprints. A change that keeps the labels (another
+    data.image_size or crop, images replaced under the same names) starts them fresh."""
+    from conftest import copy_upstream, run_stage_inprocess, tiny_params_dict, write_params
+    from selcl.data import load_arrays, save_arrays
+    write_params(tmp_path, tiny_params_dict())
+    copy_upstream(tiny_upstream, tmp_path)
+    monkeypatch.setenv("SELCL_KEEP_CHECKPOINTS", "1")      # leave the checkpoints behind
+    for stage in ("warmup", "baseline"):
+        run_stage_inprocess(monkeypatch, tmp_path, stage)
+    capsys.readouterr()
+    for stage in ("warmup", "baseline"):                   # same images: resumed, not fresh
+        run_stage_inprocess(monkeypatch, tmp_path, stage)
+        assert "starting fresh" not in capsys.readouterr().out, stage
+    path = tmp_path / "runs" / SETTING / "data.npz"
+    data = load_arrays(path)
+    data.x_train = 255 - data.x_train                      # other images, the same labels
+    save_arrays(data, path)
+    for stage in ("warmup", "baseline"):
+        run_stage_inprocess(monkeypatch, tmp_path, stage)
+        assert "starting fresh" in capsys.readouterr().out, stage

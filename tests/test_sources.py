@@ -33,3 +33,19 @@ def test_unchanged_files_are_not_read_again(tmp_path, monkeypatch):
     assert digest(path, DigestCache(tmp_path / "digests.json")) == value and reads == []
     os.utime(path, ns=(1, 1))                            # touched: read again
     assert digest(path, DigestCache(tmp_path / "digests.json")) == "x" and reads == [path]
+
+
+def test_symlinked_folders_are_followed_and_a_loop_ends(tmp_path):
+    """The data stage reads images through symlinked folders (`train -> /mnt/...`), so the
+    digest must see a change there too; a link back up the tree is read once."""
+    cache = DigestCache(tmp_path / "digests.json")
+    real = tmp_path / "elsewhere" / "a"
+    real.mkdir(parents=True)
+    (real / "0.png").write_bytes(b"x")
+    folder = tmp_path / "images"
+    (folder / "train").mkdir(parents=True)
+    (folder / "train" / "a").symlink_to(real, target_is_directory=True)
+    (real / "loop").symlink_to(folder / "train", target_is_directory=True)   # a -> ... -> a
+    before = digest(folder, cache)
+    (real / "0.png").write_bytes(b"y")                   # an image replaced behind the link
+    assert digest(folder, cache) != before
