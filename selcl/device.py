@@ -17,6 +17,8 @@ from pathlib import Path
 
 import torch
 
+from .errors import ConfigError
+
 
 def get_device(preference: str = "auto") -> torch.device:
     """'auto' → CUDA when available, else CPU. 'cpu' / 'cuda' force a device.
@@ -37,7 +39,13 @@ def get_device(preference: str = "auto") -> torch.device:
         count = torch.cuda.device_count()
         return torch.device("cuda", claim_gpu(count)) if count > 1 else torch.device("cuda")
     if preference.startswith("cuda") and not torch.cuda.is_available():
-        raise RuntimeError(f"device '{preference}' was asked for but CUDA is not available")
+        raise ConfigError(f"SELCL_DEVICE={preference}: CUDA is not available on this machine")
+    if preference.startswith("cuda") and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        if preference != "cuda":       # one index for every rank: they would share one GPU
+            raise ConfigError(f"SELCL_DEVICE={preference} under torchrun (SELCL_NPROC): every process "
+                              f"would take that one GPU; set SELCL_DEVICE=cuda or leave it unset (each "
+                              f"process takes the GPU of its LOCAL_RANK; CUDA_VISIBLE_DEVICES picks the GPUs)")
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
     return torch.device(preference)
 
 
@@ -80,14 +88,17 @@ def claim_gpu(count: int, lock_dir: str | os.PathLike | None = None, poll_s: flo
 
 def env_flag(name: str, default: bool) -> bool:
     """An on/off switch from the environment (SELCL_COMPILE, SELCL_CHANNELS_LAST,
-    SELCL_SIM_RECOMPUTE, SELCL_SPLIT_VIEWS, SELCL_CPU_BF16): unset → `default`; a switch that is on by
-    default is turned off by 0 / false / no, one that is off by default is turned on by
-    1 / true / yes."""
-    value = os.environ.get(name)
-    if value is None:
+    SELCL_SIM_RECOMPUTE, SELCL_SPLIT_VIEWS, SELCL_CPU_BF16, SELCL_ALLOW_CPU): unset or empty →
+    `default`; 1 / true / yes / on and 0 / false / no / off, in any case; anything else is
+    one clear error (a typo such as `SELCL_COMPILE=of` must not silently mean "on")."""
+    value = os.environ.get(name, "").strip().lower()
+    if not value:
         return default
-    value = value.lower()
-    return value not in ("0", "false", "no") if default else value in ("1", "true", "yes")
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise ConfigError(f"{name}={os.environ[name]!r}: expected 1 / true / yes / on or 0 / false / no / off")
 
 
 def is_cuda(device: torch.device | str) -> bool:

@@ -681,6 +681,9 @@ def _train_classifier(model, data: TrainData, idx_pool: torch.Tensor, tc: dict, 
     n = len(idx_pool)
     B = min(tc["batch_size"], n)
     B -= B % dist.world_size()                        # global batch, split evenly over ranks
+    if B == 0:
+        raise ConfigError(f"{desc}: {n} training example(s) cannot be split over the {dist.world_size()} "
+                          f"processes (SELCL_NPROC); run fewer processes")
     iters = steps_per_epoch(n, B, tc["drop_last"])
     bar = _progress(range(start, tc["epochs"] + 1), desc, total=tc["epochs"], initial=start - 1)
     for epoch in bar:

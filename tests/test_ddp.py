@@ -208,3 +208,25 @@ def test_get_device_claims_a_gpu_when_several_are_visible(monkeypatch, tmp_path)
         assert device.get_device() == torch.device("cuda", 3)   # torchrun: the rank's GPU
     finally:
         held.close()
+
+
+def test_selcl_device_under_torchrun(monkeypatch):
+    """Under torchrun SELCL_DEVICE=cuda means each rank's own GPU (LOCAL_RANK); an explicit
+    index would put every rank on one GPU, so it is one clear error naming the variable.
+    Without CUDA, asking for it is one clear error too."""
+    from selcl import device
+    from selcl.errors import ConfigError
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setenv("SELCL_DEVICE", "cuda")
+    assert device.get_device() == torch.device("cuda", 1)
+    monkeypatch.setenv("SELCL_DEVICE", "cuda:0")
+    with pytest.raises(ConfigError, match="SELCL_DEVICE=cuda:0 under torchrun"):
+        device.get_device()
+    monkeypatch.setenv("SELCL_DEVICE", "cpu")
+    assert device.get_device() == torch.device("cpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setenv("SELCL_DEVICE", "cuda")
+    with pytest.raises(ConfigError, match="SELCL_DEVICE=cuda: CUDA is not available"):
+        device.get_device()

@@ -285,3 +285,19 @@ def test_uns_cl_warmup_reads_nothing_of_an_ended_graph_generation():
             tr.uns_step(data, idx)
         runs.append(tr)
     _assert_same_state(*runs)
+
+
+def test_env_flags_read_on_off_words_and_refuse_a_typo(monkeypatch):
+    """The SELCL_* switches: unset or empty → the default; 1/true/yes/on and 0/false/no/off
+    in any case; anything else is one error naming the variable (not a silent "on")."""
+    from selcl.device import env_flag
+    from selcl.errors import ConfigError
+    monkeypatch.delenv("SELCL_X", raising=False)
+    assert env_flag("SELCL_X", True) is True and env_flag("SELCL_X", False) is False
+    for word, on in [("", None), ("1", True), ("ON", True), ("Yes", True), ("off", False), ("FALSE", False), ("0", False)]:
+        monkeypatch.setenv("SELCL_X", word)
+        for default in (True, False):
+            assert env_flag("SELCL_X", default) is (default if on is None else on), (word, default)
+    monkeypatch.setenv("SELCL_X", "of")
+    with pytest.raises(ConfigError, match="SELCL_X='of'"):
+        env_flag("SELCL_X", True)
