@@ -21,7 +21,9 @@
 #  quick smoke run on the CPU (with SUBSET=50); SKIP_STEP=1 skips step 1;
 #  PROFILE_STEPS=N: torch.profiler over N Sel-CL steps of the second pre-training epoch;
 #  TIME_LIMIT=seconds stops every part by then, keeping the per-epoch CSVs written so far,
-#  and the script still ends normally: use it instead of killing the script from outside.)
+#  and the script still ends normally: use it instead of killing the script from outside.
+#  The parts run on CUDA (SELCL_DEVICE=cuda unless set: no GPU is an error at once, not a
+#  lease spent on the CPU); SELCL_DEVICE=cpu for the smoke run.)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 data="${1:?usage: bench/gpu_real.sh path/to/cifar10-jpeg.tar.gz [epochs] [finetune epochs] [out]}"
@@ -30,25 +32,27 @@ mkdir -p "$out"
 py="${PYTHON:-python3}"
 deadline=$(( $(date +%s) + ${TIME_LIMIT:-86400} ))
 left() { local s=$(( deadline - $(date +%s) )); echo $(( s > 1 ? s : 1 )); }
-export PYTHONUNBUFFERED=1
+export PYTHONUNBUFFERED=1 SELCL_DEVICE="${SELCL_DEVICE:-cuda}"
+cap() { local l; l=$(left); echo $(( l < $1 ? l : $1 )); }   # a part's timeout: at most $1 s, never past TIME_LIMIT
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
-# SELCL_SIM_RECOMPUTE given (as selcl reads it: 1 / true / yes, or anything else for off):
+# SELCL_SIM_RECOMPUTE given (as selcl reads it: 1 / true / yes / on, 0 / false / no / off, any case):
 # only that path's step is measured (each costs ~100 s of compilation on a fresh machine; its
 # Inductor cache then serves step 2's pre-training). Unset: both, and the faster one wins.
 want=""
 if [ -n "${SELCL_SIM_RECOMPUTE+set}" ]; then
-  case "${SELCL_SIM_RECOMPUTE,,}" in 1|true|yes) want=1 ;; *) want=0 ;; esac
+  case "${SELCL_SIM_RECOMPUTE,,}" in 1|true|yes|on) want=1 ;; 0|false|no|off|"") want=0 ;;
+    *) echo "SELCL_SIM_RECOMPUTE=$SELCL_SIM_RECOMPUTE: expected 1 / true / yes / on or 0 / false / no / off" >&2; exit 2 ;; esac
   export SELCL_SIM_RECOMPUTE=$want
 fi
 rm -f "$out/step.md" "$out/step_recompute.md"     # never size epochs from an older run's step
 step_default() {   # also the check that the compiled CUDA path runs at all
-  if ! timeout 240 $py bench/step.py --iters 20 ${STEP_ARGS:-} --out "$out/step.md" > "$out/step.log" 2>&1; then
+  if ! timeout "$(cap 240)" $py bench/step.py --iters 20 ${STEP_ARGS:-} --out "$out/step.md" > "$out/step.log" 2>&1; then
     tail -30 "$out/step.log"; echo "compiled step failed: SELCL_COMPILE=0 from here"; export SELCL_COMPILE=0
   fi
   cat "$out/step.md" 2>/dev/null
 }
 step_recompute() {
-  timeout 240 $py bench/step.py --iters 20 ${STEP_ARGS:-} --sim-recompute --out "$out/step_recompute.md" \
+  timeout "$(cap 240)" $py bench/step.py --iters 20 ${STEP_ARGS:-} --sim-recompute --out "$out/step_recompute.md" \
     > "$out/step_recompute.log" 2>&1
   local rc=$?
   [ $rc -eq 0 ] || tail -30 "$out/step_recompute.log"
@@ -75,7 +79,8 @@ fi
 echo "step: retained graph ${a:-?} ms, recomputed ${b:-?} ms; SELCL_SIM_RECOMPUTE=${SELCL_SIM_RECOMPUTE:-0} from here"
 # "auto": as many epochs as fit in the time left, from the step time in ms ($1; without a
 # measurement 38 ms, the H200's of 2026-11-27, whose epochs took 22.5 s). Fixed costs
-# ≈ 170 s (data, warm-up and first-epoch compilation, fine-tuning, final evaluation); per
+# ≈ 200 s (data, warm-up and first-epoch compilation, fine-tuning, final evaluation; a
+# subset still evaluates all 10,000 test images every epoch, and its tail batch compiles); per
 # Sel-CL epoch: training + 0.7 s selection/k-NN, plus 15/40 of a 2.5 s fine-tuning epoch.
 finetune_for_P() { F=$(( (P * 15 + 20) / 40 > 3 ? (P * 15 + 20) / 40 : 3 )); }   # ≈ 15/40 of P, at least 3
 # SUBSET=N: 10·N images, 10·N/128 steps; selection and fine-tuning shrink with the images.
@@ -83,7 +88,7 @@ steps=390; [ -n "${SUBSET:-}" ] && steps=$(( SUBSET * 10 / 128 > 1 ? SUBSET * 10
 subset_args=${SUBSET:+--subset $SUBSET}
 size_epochs() {
   P=$(awk "BEGIN {f = $steps / 390; e = 1.15 * (1.5 * $steps * $1 / 1000 + 0.7 * f) + 0.94 * f;
-               p = int(($(left) - 170) / e); print (p < 4 ? 4 : (p > 250 ? 250 : p))}")
+               p = int(($(left) - 200) / e); print (p < 4 ? 4 : (p > 250 ? 250 : p))}")
   finetune_for_P
   echo "auto epochs (step $1 ms, $(left) s left): Sel-CL $P (warm-up included), fine-tuning $F"
 }
@@ -101,9 +106,10 @@ selcl() { timeout "$(left)" $py bench/gpu_real.py ${GPU_REAL_ARGS:-} $subset_arg
     --profile-steps "${PROFILE_STEPS:-0}" --out "$out/selcl.md" --workdir "$1" > "$out/selcl.log" 2>&1 || { echo "selcl part failed:"; tail -40 "$out/selcl.log"; return 1; }; }
 if ! selcl /tmp/selcl_gpu_real && [ "${SELCL_SIM_RECOMPUTE:-0}" = 1 ] && [ "$(left)" -gt 240 ]; then
   # The L_SIM recompute is the newer CUDA path: if it fails, the time left goes to the
-  # default (retained graph). Its epochs are re-sized, so they may be fewer than CE's.
+  # default (retained graph). Its epochs are re-sized, so they may be fewer than CE's. The
+  # profiler is left out of the retry: if it was what failed, the retry would fail again.
   mv "$out/selcl.log" "$out/selcl_recompute_failed.log"
-  export SELCL_SIM_RECOMPUTE=0
+  export SELCL_SIM_RECOMPUTE=0 PROFILE_STEPS=0
   echo "retrying the Sel-CL part with SELCL_SIM_RECOMPUTE=0"
   [ -n "$auto" ] && size_epochs "${a:-38}"
   selcl /tmp/selcl_gpu_real_retained || true

@@ -15,7 +15,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 FAKE = """#!/usr/bin/env bash
 # stand-in for python: fails the Sel-CL part when told to, writes the --out file otherwise
-echo "$* RECOMPUTE=${SELCL_SIM_RECOMPUTE:-0}" >> "$CALLS"
+echo "$* DEVICE=${SELCL_DEVICE:-} RECOMPUTE=${SELCL_SIM_RECOMPUTE:-0}" >> "$CALLS"
 if [[ "$*" == *"--part selcl"* && "${SELCL_SIM_RECOMPUTE:-0}" == 1 && -n "$FAIL_RECOMPUTE" ]]; then exit 1; fi
 if [[ "$*" == *"--part selcl"* && -n "$FAIL_SELCL" ]]; then exit 1; fi
 if [[ "$*" == *"--sim-recompute"* && -n "$FAIL_RECOMPUTE_STEP" ]]; then exit "$FAIL_RECOMPUTE_STEP"; fi
@@ -50,7 +50,7 @@ def test_auto_epochs_fit_the_time_left(tmp_path):
     P, F = _epochs(selcl[0])
     assert _epochs(ce[0]) == (P, F)                  # CE gets the same plan
     # 38 ms steps (no measurement): ≈ 25 s per epoch with its share of fine-tuning, after
-    # ≈ 170 s of fixed costs, in 520 s
+    # ≈ 200 s of fixed costs, in 520 s
     assert 10 <= P <= 16 and F == (P * 15 + 20) // 40
     assert "auto epochs" in out
 
@@ -132,3 +132,38 @@ def test_no_stale_step_result_sizes_the_epochs(tmp_path):
 def test_profile_steps_reach_the_sel_cl_part_only(tmp_path):
     _, calls = run_script(tmp_path, PROFILE_STEPS="10")
     assert all(("--profile-steps 10" in c) == ("--part selcl" in c) for c in calls)
+
+
+def test_the_retry_after_a_recompute_failure_runs_without_the_profiler(tmp_path):
+    """If the profiler is what failed, a retry with it would fail the same way."""
+    _, calls = run_script(tmp_path, SELCL_SIM_RECOMPUTE="1", FAIL_RECOMPUTE="1", PROFILE_STEPS="10")
+    selcl = [c for c in calls if "--part selcl" in c]
+    assert len(selcl) == 2 and "--profile-steps 10" in selcl[0] and "--profile-steps 0" in selcl[1]
+
+
+@pytest.mark.parametrize("word, runs", [("on", "RECOMPUTE=1"), ("OFF", "RECOMPUTE=0"), ("of", None)])
+def test_the_recompute_switch_is_read_as_selcl_reads_it(tmp_path, word, runs):
+    """on/off in any case, and a typo is an error before anything runs (not silently "off")."""
+    if runs is None:
+        fake = tmp_path / "python"
+        fake.write_text(FAKE)
+        fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+        e = {**{k: v for k, v in os.environ.items() if not k.startswith("SELCL_")}, "PYTHON": str(fake),
+             "CALLS": str(tmp_path / "calls.txt"), "SKIP_STEP": "1", "TIME_LIMIT": "520", "SELCL_SIM_RECOMPUTE": word}
+        proc = subprocess.run(["bash", str(ROOT / "bench" / "gpu_real.sh"), "data.tar.gz", "auto", "auto",
+                               str(tmp_path / "out")], env=e, capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 2 and "SELCL_SIM_RECOMPUTE=of" in proc.stderr
+        assert not (tmp_path / "calls.txt").exists()
+        return
+    _, calls = run_script(tmp_path, SELCL_SIM_RECOMPUTE=word)
+    assert all(c.endswith(runs) for c in calls if "--part selcl" in c)
+
+
+def test_the_parts_run_on_cuda_unless_told(tmp_path):
+    """SELCL_DEVICE=cuda by default, so a machine without a GPU fails at once instead of
+    spending the lease on the CPU; SELCL_DEVICE=cpu (the smoke run) is kept."""
+    _, calls = run_script(tmp_path)
+    assert calls and all(" DEVICE=cuda " in c for c in calls)
+    (tmp_path / "out" / "selcl.md").unlink()
+    _, calls = run_script(tmp_path, SELCL_DEVICE="cpu")
+    assert calls and all(" DEVICE=cpu " in c for c in calls)
