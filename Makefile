@@ -51,6 +51,10 @@ bench: $(STAMP)
 	$(BIN)/python bench/step.py --arch small --batch 64 --iters 10
 
 ## The container: lint the Dockerfile and check that its pinned requirements resolve.
+## On the host (hadolint comes with the dev extras, which the image does not install).
 lint: $(STAMP)
+ifdef SELCL_CONTAINER
+	@echo "make lint checks the container from the host: run it outside docker/run.sh" >&2; exit 2
+endif
 	$(BIN)/hadolint docker/Dockerfile
 	$(BIN)/pip install --dry-run --ignore-installed --quiet -r docker/requirements-gpu.txt

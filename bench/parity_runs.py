@@ -130,6 +130,9 @@ def main() -> None:
     for item in args.set:
         key, value = item.split("=", 1)
         section, name = key.split(".", 1)
+        if not isinstance(cfg.get(section), dict) or name not in cfg[section]:
+            # a typo would run the default under the variant's label
+            sys.exit(f"parity_runs: --set {item}: {args.setting} has no param {key}")
         cfg[section][name] = yaml.safe_load(value)
     if args.from_run:          # a finished run: its data, labels and pre-trained encoder
         data = TrainData.load(args.from_run, dev)
@@ -223,7 +226,7 @@ def main() -> None:
         "realised_noise": float((data.noisy != data.clean).float().mean()),
         "epochs": {"warmup": cfg["warmup"]["epochs"], "pretrain": cfg["pretrain"]["epochs"],
                    "finetune": cfg["finetune"]["epochs"], "ce": cfg["baseline"]["epochs"]},
-        "from_run": args.rev or args.from_run,
+        "from_run": args.rev or args.from_run, "overrides": list(args.set),
         "selcl_plus_mean_last": s_ft.get("test_acc_mean_last"), "selcl_plus_final": s_ft.get("test_acc_last"),
         "ce_mean_last": s_ce.get("test_acc_mean_last"), "ce_final": s_ce.get("test_acc_last"),
         "ce_best": s_ce.get("test_acc_best"), "encoder_knn_top1": enc_knn, "finetune_oracles": oracles,

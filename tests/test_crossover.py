@@ -126,3 +126,31 @@ def test_collect_folders_names_a_missing_folder(tmp_path, capsys):
     assert main(["collect", "s", "--out", str(tmp_path / "x"), "--folders", str(tmp_path / "nowhere") + "=1"]) == 2
     err = capsys.readouterr().err
     assert "--folders" in err and "nowhere" in err
+
+
+def test_an_experiment_name_on_two_baselines_takes_heads_or_is_refused():
+    """DVC keeps names unique per baseline commit only: the same name queued on an old and a
+    new commit must not be read at random."""
+    from crossover import _experiments
+    a, b = "a" * 40, "b" * 40
+    listing = (f"refs/exps/{a[:2]}/{a[2:]}/s-x0.5 {'1' * 40}\n"
+               f"refs/exps/{b[:2]}/{b[2:]}/s-x0.5 {'2' * 40}\n"
+               f"refs/exps/{b[:2]}/{b[2:]}/s-x1 {'3' * 40}\n")
+    assert _experiments(listing, head=b) == {"s-x0.5": "2" * 40, "s-x1": "3" * 40}
+    with pytest.raises(SystemExit, match="s-x0.5 exists on 2 baselines"):
+        _experiments(listing, head="c" * 40)
+
+
+def test_collect_shows_a_missing_value_as_a_dash(tmp_path, capsys):
+    """A --no-ce run of bench/parity_runs.py has no CE: a dash in the table, not a crash;
+    a run with --set overrides is not the setting and is left out, saying so."""
+    from crossover import main
+    row = {"label": "x", "setting": "s", "from_run": None, "epochs": {"warmup": 1, "pretrain": 31, "finetune": 20, "ce": 80},
+           "seconds": {"warmup+pretrain": 600}, "selcl_plus_mean_last": 50.0, "ce_mean_last": None, "ce_final": None,
+           "ce_best": None, "precision_T": 0.9, "recall_T": 0.5, "knn_top1": 52.0}
+    extra = tmp_path / "results.jsonl"
+    extra.write_text(json.dumps(row) + "\n" + json.dumps(dict(row, label="y", overrides=["pretrain.alpha=0.75"])) + "\n")
+    assert main(["collect", "s", "--out", str(tmp_path / "x"), "--extra", str(extra)]) == 0
+    md = (tmp_path / "x.md").read_text()
+    assert "| 50.00 | — | — | — | — |" in md and md.count("| bench/parity_runs.py |") == 1
+    assert "y skipped: it ran with pretrain.alpha=0.75" in capsys.readouterr().err

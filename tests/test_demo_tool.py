@@ -34,3 +34,21 @@ def test_a_second_failure_is_an_error(monkeypatch, capsys):
 def test_all_succeeding_runs_once(monkeypatch):
     demo, calls = _fake(monkeypatch, [[]])
     assert demo.train_side_by_side(["a", "b"], "demo", [], ROOT) is True and len(calls) == 1
+
+
+def test_other_queued_experiments_stop_the_demo_before_it_queues(monkeypatch, capsys):
+    """`dvc queue start` runs every queued task: with someone's crossover study queued, the
+    demo would wait hours for it, so it stops first and says what is queued."""
+    import subprocess
+    import demo
+    calls = []
+
+    def fake_dvc(*args, cwd, env=None, quiet=False):
+        calls.append(args)
+        out = "Task     Name                    Created    Status\n1a2b3c4  cpu_cifar10_asym40-x0.5  10:00 AM   Queued\n" \
+            if args[:2] == ("queue", "status") else ""
+        return subprocess.CompletedProcess(["dvc", *args], 0, stdout=out, stderr="")
+    monkeypatch.setattr(demo, "dvc", fake_dvc)
+    assert demo._queue_and_wait(["a"], "demo", [], ROOT, {"OMP_NUM_THREADS": "1"}) is None
+    assert not any(c[:2] in (("exp", "run"), ("queue", "start")) for c in calls)
+    assert "cpu_cifar10_asym40-x0.5" in capsys.readouterr().err

@@ -114,6 +114,15 @@ def test_no_finetune_needs_a_finished_run(tmp_path):
     assert out.returncode == 2 and "--no-finetune needs --from-run, --rev or --pretrained" in out.stderr
 
 
+def test_a_mistyped_set_key_stops_before_any_work(tmp_path):
+    """`--set pretrain.selected_set=all` (no such param) would run the default under the
+    variant's label: it is refused, naming the key."""
+    out = subprocess.run([PYTHON, str(ROOT / "bench" / "parity_runs.py"), "--root", str(ROOT),
+                          "--setting", "demo_asym40", "--set", "pretrain.selected_set=all", "--no-ce"], cwd=tmp_path, env=stage_env(),
+                         capture_output=True, text=True)
+    assert out.returncode != 0 and "has no param pretrain.selected_set" in out.stderr
+
+
 def test_a_named_oracle_that_is_the_run_itself_says_so(finished_run):
     """On a run that fine-tuned on T, T with its given labels is that fine-tune: named, it is
     not run, and the output says why instead of leaving it out without a word."""

@@ -64,3 +64,16 @@ def test_the_recorded_report_links_no_missing_file():
     for target in re.findall(r"\]\(([^)#\s]+)\)", rec.read_text()):
         if "://" not in target:
             assert (rec.parent / target).exists(), target
+
+
+def test_recording_from_a_folder_without_a_report_keeps_the_record(tmp_path):
+    """`--from demo` before any `make demo` must not delete the committed record first."""
+    sys.path.insert(0, str(ROOT / "tools"))
+    import pytest
+    import readme_numbers as R
+    dest = tmp_path / "record"
+    (dest / "metrics").mkdir(parents=True)
+    (dest / "metrics" / "demo_sym40.json").write_text("{}")
+    with pytest.raises(SystemExit, match="no demo report here"):
+        R.record(tmp_path / "nothing", dest)
+    assert (dest / "metrics" / "demo_sym40.json").exists()

@@ -86,15 +86,35 @@ def queue(args, extra: list[str]) -> int:
     return 0
 
 
-def _experiments() -> dict[str, str]:
-    """experiment name → commit, over every baseline (refs/exps/<ab>/<cd…>/<name>)."""
-    out = subprocess.run(["git", "for-each-ref", "--format=%(refname) %(objectname)", "refs/exps"],
-                         cwd=ROOT, capture_output=True, text=True, check=True).stdout
-    found = {}
-    for line in out.splitlines():
+def _experiments(listing: str | None = None, head: str | None = None) -> dict[str, str]:
+    """experiment name → commit, over every baseline (refs/exps/<ab>/<cd…>/<name>). DVC keeps
+    a name unique per baseline only: the same name on several baselines takes the current
+    commit's, and is refused if that has none (which run is meant is not known)."""
+    if listing is None:
+        listing = subprocess.run(["git", "for-each-ref", "--format=%(refname) %(objectname)", "refs/exps"],
+                                 cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    if head is None:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    by_name: dict[str, dict[str, str]] = {}
+    for line in listing.splitlines():
         ref, sha = line.split()
-        found[ref.rsplit("/", 1)[-1]] = sha
+        parts = ref.split("/")                    # refs, exps, ab, cd…, name
+        by_name.setdefault(parts[-1], {})["".join(parts[2:-1])] = sha
+    found = {}
+    for name, on in by_name.items():
+        if len(on) == 1:
+            found[name] = next(iter(on.values()))
+        elif head in on:
+            found[name] = on[head]
+        else:
+            raise SystemExit(f"error: experiment {name} exists on {len(on)} baselines, none of them HEAD: "
+                             f"check out the one meant, or `dvc exp remove` the others")
     return found
+
+
+def _f(x, fmt: str) -> str:
+    """A table cell: — for a value the run does not have (a disabled baseline, --no-ce)."""
+    return "—" if x is None else format(x, fmt)
 
 
 def _read(path: str, rev: str) -> str:
@@ -155,7 +175,8 @@ def _row(s: str, name: str, scale: float, source: str, files: dict) -> dict:
         "selcl_epochs": last + len(ft_hist),
         "pretrain_min": sum((t.get(k) or 0) for t in timing for k in ("train_s", "select_s", "knn_s")) / 60,
         "selcl_plus": metrics.get("selcl_plus"), "ce": metrics.get("ce"),
-        "ce_final": ce_hist[-1]["test_acc"], "ce_best": max(h["test_acc"] for h in ce_hist),
+        "ce_final": ce_hist[-1]["test_acc"] if ce_hist else None,      # a disabled baseline: no rows
+        "ce_best": max(h["test_acc"] for h in ce_hist) if ce_hist else None,
         "precision_T": metrics.get("precision_T"), "recall_T": metrics.get("recall_T"),
         "knn": metrics.get("knn_clean"),
         "precision_T_by_epoch": [round(h["precision_T"], 3) for h in pre_hist if h.get("precision_T") is not None],
@@ -191,6 +212,10 @@ def collect(args) -> int:
             r = json.loads(line)
             if r.get("setting") != s or r.get("from_run"):
                 continue          # another setting, or a re-fine-tune of a finished run (no budget of its own)
+            if r.get("overrides"):
+                print(f"crossover: --extra {path}: {r['label']} skipped: it ran with {' '.join(r['overrides'])}, "
+                      f"not the setting", file=sys.stderr)
+                continue
             e = r["epochs"]
             rows.append({
                 "name": f"{s} (parity_runs, {path})", "scale": float(r.get("scale", 1.0)),
@@ -217,9 +242,10 @@ def collect(args) -> int:
              "precision of T | recall of T | k-NN | source |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         source = _source(r)
-        lines.append(f"| {r['scale']:g} | {r['epochs']} | {r['pretrain_min']:.1f} | {r['selcl_plus']:.2f} | "
-                     f"{r['ce']:.2f} | {r['ce_final']:.2f} | {r['ce_best']:.2f} | {r['selcl_plus'] - r['ce']:+.2f} | "
-                     f"{r['precision_T']:.3f} | {r['recall_T']:.3f} | {r['knn']:.2f} | {source} |")
+        gap = None if r["selcl_plus"] is None or r["ce"] is None else r["selcl_plus"] - r["ce"]
+        lines.append(f"| {r['scale']:g} | {r['epochs']} | {r['pretrain_min']:.1f} | {_f(r['selcl_plus'], '.2f')} | "
+                     f"{_f(r['ce'], '.2f')} | {_f(r['ce_final'], '.2f')} | {_f(r['ce_best'], '.2f')} | {_f(gap, '+.2f')} | "
+                     f"{_f(r['precision_T'], '.3f')} | {_f(r['recall_T'], '.3f')} | {_f(r['knn'], '.2f')} | {source} |")
     lines += ["", "Precision of T by pre-training epoch (its first, every 10th, its last):", ""]
     for r in rows:
         p = r["precision_T_by_epoch"]
@@ -237,15 +263,18 @@ def collect(args) -> int:
     fresh = [r for r in rows if not r.get("kept")] or rows
     budgets = sorted({r["selcl_epochs"] for r in fresh})
     at = {b: [r for r in fresh if r["selcl_epochs"] == b] for b in budgets}
-    mean = {k: [sum(r[k] for r in at[b]) / len(at[b]) for b in budgets] for k in ("selcl_plus", "ce", "ce_best")}
+    def _mean(vals):
+        vals = [v for v in vals if v is not None]
+        return sum(vals) / len(vals) if vals else float("nan")
+    mean = {k: [_mean(r[k] for r in at[b]) for b in budgets] for k in ("selcl_plus", "ce", "ce_best")}
     ax.plot(budgets, mean["selcl_plus"], "o-", color="C0", label="Sel-CL+")
     ax.plot(budgets, mean["ce"], "s-", color="C1", label="CE (mean of last)")
     ax.plot(budgets, mean["ce_best"], "s:", color="C1", alpha=0.5, label="CE best epoch")
     others = [r for r in rows if r.get("kept") or len(at.get(r["selcl_epochs"], [])) > 1]
     if others:
         xo = [r["selcl_epochs"] for r in others]
-        ax.plot(xo, [r["selcl_plus"] for r in others], "o", mfc="none", color="C0", alpha=0.6, label="single runs")
-        ax.plot(xo, [r["ce"] for r in others], "s", mfc="none", color="C1", alpha=0.6)
+        ax.plot(xo, [float("nan") if r["selcl_plus"] is None else r["selcl_plus"] for r in others], "o", mfc="none", color="C0", alpha=0.6, label="single runs")
+        ax.plot(xo, [float("nan") if r["ce"] is None else r["ce"] for r in others], "s", mfc="none", color="C1", alpha=0.6)
     ax.set_xscale("log", base=2)
     ax.set_xlabel("budget: Sel-CL+ epochs in all (CE epochs: the table)")
     ax.set_ylabel("test accuracy (%)")

@@ -106,6 +106,12 @@ def _queue_and_wait(settings: list[str], name: str, extra: list[str], root: Path
     names = [f"{name}-{s}" for s in settings]
     for exp in names:                                       # an older demo's (absent: no-op)
         dvc("exp", "remove", exp, cwd=root, quiet=True)
+    waiting = [ln for ln in dvc("queue", "status", cwd=root, quiet=True).stdout.splitlines() if "Queued" in ln]
+    if waiting:    # `dvc queue start` runs every queued task: the demo would wait for them all
+        print("error: the DVC queue already holds queued experiments, which `dvc queue start` would run "
+              "before the demo finishes: run them (`dvc queue start`) or drop them (`dvc queue remove "
+              "--queued`) first:\n" + "\n".join(waiting), file=sys.stderr)
+        return None
     for exp, setting in zip(names, settings):
         cmd = ["exp", "run", "--queue", "--name", exp, "-S", f"run=[{setting}]", *extra]
         print("$ dvc " + " ".join(cmd), flush=True)
@@ -143,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--one-by-one", action="store_true",
                     help="train the settings in turn in one `dvc exp run --temp` (no queue)")
     args, extra = ap.parse_known_args(argv)
-    root = Path.cwd()
+    root = Path(__file__).resolve().parents[1]        # the repository, wherever it is called from
     suites = yaml.safe_load((root / "params.yaml").read_text()).get("suites") or {}
     if args.suite not in suites:
         print(f"error: suites.{args.suite}: no such suite in params.yaml (have: {', '.join(suites)})",

@@ -60,7 +60,11 @@ def rewrite(readme: Path, text: str) -> str:
 
 def record(src: Path, dest: Path = RECORD) -> None:
     """Copy a demo report folder's metrics and README into the record. Only what a demo
-    report holds is replaced: other files there (seeds/, the extra seeds' runs) stay."""
+    report holds is replaced: other files there (seeds/, the extra seeds' runs) stay. A source
+    that is not a finished demo report leaves the record as it was."""
+    missing = [p for p in ("metrics", "metrics.json", "README.md") if not (Path(src) / p).exists()]
+    if missing:
+        raise SystemExit(f"error: {src}: no demo report here (missing {', '.join(missing)}); run `make demo` first")
     shutil.rmtree(dest / "metrics", ignore_errors=True)
     dest.mkdir(parents=True, exist_ok=True)
     shutil.copytree(src / "metrics", dest / "metrics")

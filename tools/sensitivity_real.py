@@ -133,10 +133,11 @@ def figure(table: list[dict], paper: dict, path: Path, curve: str = "asym40", ti
         if not any(r["moved"] == k for r in runs):
             continue
         for key, ls, what in (("selcl_plus", "-", "Sel-CL+"), ("knn_last", ":", "encoder k-NN")):
-            xs = sorted({r[k] for r in runs})
-            means = [sum(r[key] for r in runs if r[k] == x) / sum(r[k] == x for r in runs) for x in xs]
+            have = [r for r in runs if r[key] is not None]      # a run without fine-tuning: no Sel-CL+
+            xs = sorted({r[k] for r in have})
+            means = [sum(r[key] for r in have if r[k] == x) / sum(r[k] == x for r in have) for x in xs]
             line, = ax.plot(xs, means, marker=marker, ls=ls, label=f"{what} against {SYMBOL[k]} (ours, mean of seeds)")
-            ax.scatter([r[k] for r in runs], [r[key] for r in runs], s=12, color=line.get_color(), alpha=0.6)
+            ax.scatter([r[k] for r in have], [r[key] for r in have], s=12, color=line.get_color(), alpha=0.6)
         ax_paper.plot(paper["values"], paper[k], marker=marker, ls="--", color="grey", alpha=0.7,
                       label=f"paper Sel-CL+ against {SYMBOL[k]} (full CIFAR-10 {curve}, right axis)")
     ax.set_xlabel("fractile (the other at the paper's value)")

@@ -144,7 +144,7 @@ def markdown(table: list[dict], last: int) -> str:
         f"{fmt(r['minutes'], '{:.1f}')} |" for r in table]) + "\n"
 
 
-def figure(table: list[dict], path: Path) -> None:
+def figure(table: list[dict], path: Path, title: str = "Table 4, small") -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -155,7 +155,7 @@ def figure(table: list[dict], path: Path) -> None:
                 ls="--" if r.get("reference") else "-")
     ax.set_xlabel("global epoch (1 = Uns-CL warm-up)")
     ax.set_ylabel("weighted k-NN top-1 of the encoder (%)")
-    ax.set_title("Table 4, small: cpu_cifar10_asym40 (2,000 images, 40 % asym)", fontsize=10)
+    ax.set_title(title, fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
@@ -173,7 +173,11 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     tables = yaml.safe_load((ROOT / "references" / "paper_tables.yaml").read_text())
     paper = tables["selected_sets_knn"]["cifar10"]
-    table = rows(load(args.folder), paper, args.last)
+    runs = load(args.folder)
+    table = rows(runs, paper, args.last)
+    results = [v["result"] for v in runs.values() if v.get("result")]
+    what = sorted({f"{r['setting']} ({r['n_train']:,} images)" for r in results if "setting" in r and "n_train" in r})
+    title = "Table 4, small" + (": " + ", ".join(what) if what else "")   # from the runs, not assumed
     for i, ref in enumerate(args.reference):
         seed, _, folder = ref.partition("=")
         table.append({**reference_row(seed, Path(folder), args.last), "paper": paper["T_G1_G2"] if i == 0 else None})
@@ -184,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".md").write_text(markdown(table, args.last))
-    figure(table, args.out.with_suffix(".png"))
+    figure(table, args.out.with_suffix(".png"), title)
     print(args.out.with_suffix(".md").read_text())
     return 0
 
