@@ -200,7 +200,7 @@ def collect(args) -> int:
     rows = [_experiment_row(s, name, rev, name_scale(name), "DVC queue", args.histories)
             for name, rev in every.items() if name.startswith(s + "-x")]
     rows += [_experiment_row(s, name, every[name], float(scale), "DVC queue, " + name, args.histories)
-             for name, scale in also]
+             for name, scale in also if not name.startswith(s + "-x")]   # those are in already: once each
     for item in args.folders:
         folder, _, scale = item.rpartition("=")
         if not folder or not Path(folder).is_dir():
