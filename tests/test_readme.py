@@ -77,3 +77,20 @@ def test_recording_from_a_folder_without_a_report_keeps_the_record(tmp_path):
     with pytest.raises(SystemExit, match="no demo report here"):
         R.record(tmp_path / "nothing", dest)
     assert (dest / "metrics" / "demo_sym40.json").exists()
+
+
+def test_the_budget_is_the_recorded_runs_not_todays_params(tmp_path):
+    """A record made with other epochs (an older params.yaml, or -S overrides) reports the
+    epochs its report states, beside its accuracies."""
+    import json
+    sys.path.insert(0, str(ROOT / "tools"))
+    import readme_numbers as R
+    (tmp_path / "metrics").mkdir()
+    for name in ("demo_sym40", "demo_asym40"):
+        (tmp_path / "metrics" / f"{name}.json").write_text(json.dumps({"selcl_plus": 90.0, "ce": 80.0}))
+    (tmp_path / "README.md").write_text(
+        "### demo_sym40\n\nBudget: Sel-CL+ 1 warm-up + 30 pre-training + 25 fine-tuning epochs; CE baseline 56 epochs.\n\n"
+        "### demo_asym40\n\nBudget: Sel-CL+ 2 warm-up + 7 pre-training + 3 fine-tuning epochs; CE baseline 12 epochs.\n")
+    text = R.render(tmp_path)
+    assert "40 % symmetric noise; Sel-CL+ 1 + 30 + 25 epochs of warm-up, pre-training and fine-tuning, CE 56" in text
+    assert "40 % asymmetric noise; Sel-CL+ 2 + 7 + 3 epochs of warm-up, pre-training and fine-tuning, CE 12" in text

@@ -25,6 +25,8 @@ from selcl.config import load_params, resolve  # noqa: E402
 
 RECORD = ROOT / "bench" / "results" / "demo"
 BLOCK = re.compile(r"(<!-- demo-numbers -->\n)(.*?)(\n<!-- /demo-numbers -->)", re.DOTALL)
+BUDGET = re.compile(r"Budget: Sel-CL\+ (\d+) warm-up \+ (\d+) pre-training \+ (\d+) fine-tuning epochs; "
+                    r"CE baseline (\d+) epochs")
 LABELS = {"demo_sym40": "40 % symmetric noise", "demo_asym40": "40 % asymmetric noise"}
 
 
@@ -38,15 +40,20 @@ def render(record: Path = RECORD, params_path: Path = ROOT / "params.yaml") -> s
     if not (record / "metrics").is_dir():
         return NOT_RECORDED
     params = load_params(params_path)
+    report = (record / "README.md").read_text() if (record / "README.md").exists() else ""
     parts = []
     for name in params["suites"]["demo"]:
         m = json.loads((record / "metrics" / f"{name}.json").read_text())
-        cfg = resolve(params, name)
-        w, f = cfg["warmup"]["epochs"], cfg["finetune"]["epochs"]
-        p = cfg["pretrain"]["epochs"] - w                 # pretrain.epochs counts the warm-up's
+        ran = BUDGET.search(report.split(f"### {name}\n", 1)[1]) if f"### {name}\n" in report else None
+        if ran:        # the epochs the recorded run trained, as its report states them
+            w, p, f, ce = (int(x) for x in ran.groups())
+        else:          # a record without them: today's params
+            cfg = resolve(params, name)
+            w, f, ce = cfg["warmup"]["epochs"], cfg["finetune"]["epochs"], cfg["baseline"]["epochs"]
+            p = cfg["pretrain"]["epochs"] - w             # pretrain.epochs counts the warm-up's
         parts.append(f"Sel-CL+ {m['selcl_plus']:.2f} % vs cross-entropy {m['ce']:.2f} % "
                      f"({LABELS.get(name, name)}; Sel-CL+ {w} + {p} + {f} epochs of warm-up, "
-                     f"pre-training and fine-tuning, CE {cfg['baseline']['epochs']} epochs)")
+                     f"pre-training and fine-tuning, CE {ce} epochs)")
     return ("The demo run recorded in `bench/results/demo/` (its report: `bench/results/demo/README.md`) "
             "gives " + "; ".join(parts) + ".")
 
