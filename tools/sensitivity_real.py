@@ -16,8 +16,8 @@ differ only in `pretrain.alpha` or `pretrain.beta`. What made `sensitivity_asym4
 
 (the rows at both paper values: seed 1 from the Table 4 rerun on the same host, seeds 2 and 3 the
 preset's DVC runs.) `sensitivity_sym50.*` is the same for `cpu_cifar10_sym50` (α = 0.75
-(seeds 2 and 3) and β = 0 (seed 2): `alpha_sweep_sym50/sym50-alpha0.75-seed{2,3}.json`,
-`beta_sweep_sym50/sym50-beta0-seed2.json`), with the preset's DVC runs of seeds 2 and 3 as
+(seeds 2 and 3) and β = 0 (seeds 2 and 3): `alpha_sweep_sym50/sym50-alpha0.75-seed{2,3}.json`,
+`beta_sweep_sym50/sym50-beta0-seed{2,3}.json`), with the preset's DVC runs of seeds 2 and 3 as
 references; symmetric runs are set beside the supplement's sym20 curve.
 
 Each positional file is one run's `--history` JSON (its resolved config, its per-epoch
