@@ -84,11 +84,13 @@ def digest(path: str | Path | None, cache: DigestCache) -> str | None:
     return h.hexdigest()
 
 
-def output_digest(path: Path) -> str:
+def output_digest(path: Path, save: bool = True) -> str:
     """sha256 of a stage output (a run's data.npz: a resumed checkpoint must have trained on
-    the same images), through the shared cache: hashed once, then only stat'ed."""
+    the same images), through the shared cache: hashed once, then only stat'ed. save=False
+    reads the cache without writing it (every torchrun rank but rank 0: one writer)."""
     cache = DigestCache(CACHE)
     try:
         return cache.file(Path(path))
     finally:
-        cache.save()
+        if save:
+            cache.save()

@@ -22,7 +22,7 @@ def run(name: str) -> None:
     data = TrainData.load(out, device)
     check_sizes(cfg, data.n, ("baseline",))
     fp = checkpoint.fingerprint("baseline", cfg["model"], cfg["baseline"], checkpoint.file_digest(out / "labels.npz"),
-                                output_digest(out / "data.npz"))
+                                output_digest(out / "data.npz", save=dist.is_main()))
     ckpt = checkpoint.Checkpointer(checkpoint_path(name, "baseline"), fp, cfg["baseline"]["checkpoint_every"])
     state = baseline(cfg, data, device, ckpt, on_epoch=live_history(out / "baseline_history.csv"))
     if not dist.is_main():      # torchrun: rank 0 writes the outputs

@@ -14,7 +14,7 @@ def run(name: str) -> None:
     data = TrainData.load(out, device)
     check_sizes(cfg, data.n, ("pretrain",), k=False)   # one loader, one optimiser for both stages
     fp = checkpoint.fingerprint("warmup", cfg["model"], cfg["warmup"], cfg["pretrain"],
-                                checkpoint.file_digest(out / "labels.npz"), output_digest(out / "data.npz"))
+                                checkpoint.file_digest(out / "labels.npz"), output_digest(out / "data.npz", save=dist.is_main()))
     ckpt = checkpoint.Checkpointer(checkpoint_path(name, "warmup"), fp, cfg["warmup"]["checkpoint_every"])
     state = warmup(cfg, data, device, ckpt, on_epoch=live_history(out / "warmup_history.csv"))
     if not dist.is_main():      # torchrun: rank 0 writes the outputs
