@@ -76,6 +76,17 @@ def load(path: str | Path, *, what: str = "checkpoint") -> dict:
                               f"delete it and rerun the stage that produces it") from None
 
 
+def saved_processes(rng: dict) -> int:
+    """How many processes' random streams a saved state holds (one entry per rank under DDP)."""
+    return len(rng["ranks"]) if "ranks" in rng else 1
+
+
+def rerun_error(source, wrong: str) -> CheckpointError:
+    """A stage output whose random streams the next stage cannot continue."""
+    return CheckpointError(f"{source} {wrong}: its stage continues as one run, so run it again "
+                           f"with the same SELCL_NPROC and device as this one")
+
+
 def fingerprint(*parts) -> str:
     """A stable hash of configs / input hashes: a checkpoint resumes only a run
     with the same fingerprint."""

@@ -31,21 +31,19 @@ def get_device(preference: str = "auto") -> torch.device:
     """
     if preference == "auto":
         preference = os.environ.get("SELCL_DEVICE", "auto")
-    if preference == "auto":
-        if not torch.cuda.is_available():
-            return torch.device("cpu")
-        if int(os.environ.get("WORLD_SIZE", "1")) > 1:        # torchrun: one GPU per rank
-            return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-        count = torch.cuda.device_count()
-        return torch.device("cuda", claim_gpu(count)) if count > 1 else torch.device("cuda")
+    if preference == "auto" and not torch.cuda.is_available():
+        return torch.device("cpu")
     if preference.startswith("cuda") and not torch.cuda.is_available():
         raise ConfigError(f"SELCL_DEVICE={preference}: CUDA is not available on this machine")
-    if preference.startswith("cuda") and int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        if preference != "cuda":       # one index for every rank: they would share one GPU
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and preference.startswith(("auto", "cuda")):
+        if preference not in ("auto", "cuda"):     # one index for every rank: they would share one GPU
             raise ConfigError(f"SELCL_DEVICE={preference} under torchrun (SELCL_NPROC): every process "
                               f"would take that one GPU; set SELCL_DEVICE=cuda or leave it unset (each "
                               f"process takes the GPU of its LOCAL_RANK; CUDA_VISIBLE_DEVICES picks the GPUs)")
-        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))   # torchrun: one GPU per rank
+    if preference == "auto":
+        count = torch.cuda.device_count()
+        return torch.device("cuda", claim_gpu(count)) if count > 1 else torch.device("cuda")
     return torch.device(preference)
 
 

@@ -231,8 +231,8 @@ def _rng_state(g: torch.Generator, np_rng: np.random.Generator, order=None) -> d
 def _set_rng_state(g, np_rng, state, order=None, source: str | None = None) -> None:
     """Continue every generator from `state`. It must come from as many processes on the same
     kind of device; otherwise one error naming `source` (a stage output) or the checkpoint."""
-    from .checkpoint import CheckpointError
-    saved = len(state["ranks"]) if "ranks" in state else 1
+    from .checkpoint import CheckpointError, rerun_error, saved_processes
+    saved = saved_processes(state)
     mine = state["ranks"][dist.rank()] if "ranks" in state and saved == dist.world_size() else state
     if saved != dist.world_size():
         wrong = f"written by {saved} process(es), read by {dist.world_size()}"
@@ -244,8 +244,7 @@ def _set_rng_state(g, np_rng, state, order=None, source: str | None = None) -> N
         raise CheckpointError(f"checkpoint {wrong}: resume with the same number of processes "
                               f"(SELCL_NPROC) and device (or delete the checkpoint to start over)")
     if wrong:
-        raise CheckpointError(f"{source} {wrong}: its stage continues as one run, so run it again "
-                              f"with the same SELCL_NPROC and device as this one")
+        raise rerun_error(source, wrong)
     state = mine
     g.set_state(state["torch"])
     np_rng.bit_generator.state = state["numpy"]

@@ -20,7 +20,7 @@ if str(ROOT) not in sys.path:
 
 import torch  # noqa: E402
 
-from selcl import dist  # noqa: E402
+from selcl import checkpoint, dist  # noqa: E402
 from selcl.atomic import atomic_write_text  # noqa: E402
 from selcl.config import load_setting  # noqa: E402
 from selcl.device import cuda_available, env_flag, get_device  # noqa: E402
@@ -180,13 +180,11 @@ def check_warmup_processes(name: str, nproc: int) -> None:
     left to the stage, which names it."""
     path = run_dir(name) / "warmup.pt"
     try:
-        rng = torch.load(path, map_location="cpu", weights_only=False)["rng"]
-    except Exception:  # noqa: BLE001
+        saved = checkpoint.saved_processes(checkpoint.load(path, what="warm-up output")["rng"])
+    except (CheckpointError, KeyError, TypeError):
         return
-    saved = len(rng["ranks"]) if isinstance(rng, dict) and "ranks" in rng else 1
     if saved != nproc:
-        raise StageError(f"{path} written by {saved} process(es), read by {nproc}: its stage continues "
-                         f"as one run, so run it again with the same SELCL_NPROC and device as this one")
+        raise checkpoint.rerun_error(path, f"written by {saved} process(es), read by {nproc}")
 
 
 def check_sizes(cfg: dict, n_train: int, sections=("pretrain", "finetune", "baseline"), k: bool = True) -> None:

@@ -23,7 +23,6 @@ from selcl.sources import CACHE, DigestCache, digest  # noqa: E402
 from selcl.stage_params import STAGES, plain, stage_view  # noqa: E402
 
 EXIT_BAD_INPUT = 2
-DIGESTS = CACHE                                # stat-keyed sha256 cache (git/dvc-ignored)
 
 
 def dump(obj) -> str:
@@ -34,7 +33,7 @@ def dump(obj) -> str:
 def run(name: str) -> None:
     cfg = load_setting(name)
     files = {stage: plain(stage_view(cfg, stage)) for stage in STAGES}
-    cache = DigestCache(DIGESTS)
+    cache = DigestCache(CACHE)                 # stat-keyed sha256 cache (git/dvc-ignored)
     dc, nc = cfg["data"], cfg["noise"]
     if dc["dataset"] == "imagefolder":       # built-in datasets: their params say it all
         files["data"]["source_sha256"] = digest(dc["path"], cache)
