@@ -78,6 +78,9 @@ def main() -> None:
                     help="override one resolved parameter (YAML value), e.g. pretrain.epochs=41")
     ap.add_argument("--history", default=None, help="also write every per-epoch history to this JSON file")
     ap.add_argument("--no-ce", action="store_true", help="skip the CE baseline")
+    ap.add_argument("--ce-only", action="store_true",
+                    help="the CE baseline alone (no warm-up, pre-training or fine-tune), e.g. a baseline "
+                         "variant such as --set baseline.mixup_alpha=1 beside runs that have Sel-CL+")
     src = ap.add_mutually_exclusive_group()
     src.add_argument("--from-run", default=None, metavar="DIR",
                      help="a finished run's folder (data.npz, labels.npz, pretrain.pt): no warm-up or pre-training")
@@ -104,6 +107,10 @@ def main() -> None:
     args = ap.parse_args()
     if args.no_finetune and not (args.from_run or args.rev or args.pretrained):
         ap.error("--no-finetune needs --from-run, --rev or --pretrained (a run that has its fine-tune)")
+    if args.ce_only and (args.no_ce or args.from_run or args.rev or args.pretrained or args.oracles is not None
+                         or args.swap or args.save_pretrain):
+        ap.error("--ce-only runs the CE baseline alone: it takes none of --no-ce, --from-run, --rev, "
+                 "--pretrained, --oracles, --swap, --save-pretrain")
     root = Path(args.root).resolve()
     sys.path.insert(0, str(root))
     import numpy as np
@@ -158,8 +165,10 @@ def main() -> None:
     atexit.register(shutil.rmtree, tmp, ignore_errors=True)
     ck = lambda name: checkpoint.Checkpointer(tmp / f"{name}.pt", name, 10_000)  # noqa: E731
     t0 = time.perf_counter()
-    warm = None
-    if args.pretrained:
+    warm = pre = None
+    if args.ce_only:
+        pass
+    elif args.pretrained:
         pre = load_pretrained(args.pretrained, cfg, data)
     elif args.from_run:
         pre = checkpoint.load(Path(args.from_run) / "pretrain.pt", what="pre-training output")
@@ -169,7 +178,7 @@ def main() -> None:
     if args.save_pretrain:           # whichever source gave it, so a later --pretrained / --swap can read it
         checkpoint.save(pre, Path(args.save_pretrain))
     t_pre = time.perf_counter() - t0
-    ft = None if args.no_finetune else finetune(cfg, data, pre, dev, ck("finetune"))
+    ft = None if args.no_finetune or args.ce_only else finetune(cfg, data, pre, dev, ck("finetune"))
     t_ft = time.perf_counter() - t0 - t_pre
     t1 = time.perf_counter()
     ce = None if args.no_ce else baseline(cfg, data, dev, ck("baseline"))
@@ -215,10 +224,10 @@ def main() -> None:
         swaps["swap_knn_top1"] = other["history"][-1].get("knn_top1")
     # Diagnosis (issue 11): weighted k-NN (clean train labels, §8) on the encoders' features
     # (backbone output, L2-normalised): Sel-CL's pre-trained encoder against the CE network's.
-    enc_knn = {"selcl": encoder_knn(pre["model"], cfg, data, dev)}
+    enc_knn = {"selcl": encoder_knn(pre["model"], cfg, data, dev)} if pre else {}
     if ce is not None:
         enc_knn["ce"] = encoder_knn(ce["model"], cfg, data, dev)
-    last = pre["history"][-1]
+    last = pre["history"][-1] if pre else {}
     s_ft = summarise(ft["history"], cfg["finetune"]["eval_last"]) if ft else {}
     s_ce = summarise(ce["history"], cfg["baseline"]["eval_last"]) if ce else {}
     print(json.dumps({
@@ -233,11 +242,11 @@ def main() -> None:
         "oracles_not_run": not_run, "swap": swaps,
         "n_T": last.get("n_selected"), "precision_T": last.get("precision_T"), "recall_T": last.get("recall_T"),
         "precision_G": last.get("precision_G"), "knn_top1": last.get("knn_top1"),
-        "precision_T_by_epoch": [round(h["precision_T"], 3) for h in pre["history"] if "precision_T" in h],
+        "precision_T_by_epoch": [round(h["precision_T"], 3) for h in (pre["history"] if pre else []) if "precision_T" in h],
         "seconds": {"warmup+pretrain": round(t_pre), "finetune": round(t_ft), "ce": round(t_ce)}}), flush=True)
     if args.history:
         Path(args.history).write_text(json.dumps({
-            "cfg": cfg, "warmup": warm["history"] if warm else None, "pretrain": pre["history"],
+            "cfg": cfg, "warmup": warm["history"] if warm else None, "pretrain": pre["history"] if pre else None,
             "finetune": ft["history"] if ft else None, "ce": ce["history"] if ce else None,
             "oracles": oracle_histories}, default=float))
 

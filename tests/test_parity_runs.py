@@ -12,7 +12,7 @@ import uuid
 
 import pytest
 import torch
-from conftest import PYTHON, ROOT, SETTING, copy_upstream, run_stage_inprocess, stage_env, tiny_params_dict, \
+from conftest import PYTHON, ROOT, SETTING, TINY, copy_upstream, run_stage_inprocess, stage_env, tiny_params_dict, \
     write_params
 
 
@@ -227,3 +227,35 @@ def test_an_older_experiments_params_get_the_keys_added_since():
     cfg = resolve(old, "cpu_cifar10_asym40")
     assert cfg["model"]["bn_replicas"] == 1 and cfg["model"]["seed"] == 7
     assert mod.fill_new_defaults(old, today) == []
+
+
+def test_ce_only_gives_the_full_runs_baseline_and_nothing_else(tmp_path):
+    """`--ce-only` (a baseline variant beside existing Sel-CL+ runs, e.g. mixup CE) trains
+    the CE baseline alone, and it is the same baseline a full run trains, bit for bit: the
+    baseline seeds itself, so leaving out warm-up and pre-training changes nothing in it."""
+    folder = tmp_path / "tiny"
+    folder.mkdir()
+    write_params(folder, tiny_params_dict())
+    env = stage_env(SELCL_THREADS="1")
+    cmd = [PYTHON, str(ROOT / "bench" / "parity_runs.py"), "--root", str(folder), "--setting", SETTING]
+    outs = {}
+    for name, extra in {"full": [], "ce_only": ["--ce-only"]}.items():
+        hist = tmp_path / f"{name}.json"
+        out = subprocess.run([*cmd, *extra, "--history", str(hist)], cwd=folder, env=env,
+                             capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stderr[-2000:]
+        outs[name] = json.loads(out.stdout.strip().splitlines()[-1]), json.loads(hist.read_text())
+    (full, h_full), (alone, h_alone) = outs["full"], outs["ce_only"]
+    assert full["selcl_plus_mean_last"] is not None and h_full["pretrain"]
+    assert alone["selcl_plus_mean_last"] is None and alone["n_T"] is None
+    assert h_alone["warmup"] is None and h_alone["pretrain"] is None and h_alone["finetune"] is None
+    assert len(h_alone["ce"]) == TINY["baseline"]["epochs"]
+    assert h_alone["ce"] == h_full["ce"]
+    assert alone["ce_mean_last"] == full["ce_mean_last"] and alone["encoder_knn_top1"] == {
+        "ce": full["encoder_knn_top1"]["ce"]}
+
+
+def test_ce_only_refuses_options_that_need_sel_cl(tmp_path):
+    out = subprocess.run([PYTHON, str(ROOT / "bench" / "parity_runs.py"), "--setting", "demo_asym40",
+                          "--ce-only", "--no-ce"], cwd=tmp_path, env=stage_env(), capture_output=True, text=True)
+    assert out.returncode == 2 and "--ce-only runs the CE baseline alone" in out.stderr
