@@ -154,3 +154,24 @@ def test_collect_shows_a_missing_value_as_a_dash(tmp_path, capsys):
     md = (tmp_path / "x.md").read_text()
     assert "| 50.00 | — | — | — | — |" in md and md.count("| bench/parity_runs.py |") == 1
     assert "y skipped: it ran with pretrain.alpha=0.75" in capsys.readouterr().err
+
+
+def test_the_ce_line_never_averages_two_ce_budgets():
+    """At one Sel-CL+ budget, CE trained 240 epochs twice and 320 once (a --ce-factor run):
+    the CE line is the mean of the two 240-epoch runs, the 320-epoch run a marker only; at a
+    tie the longer CE is the line. Sel-CL+ averages all of its runs."""
+    from crossover import figure_points
+
+    def row(sel, ce, ce_epochs, budget=201, **kw):
+        return {"selcl_epochs": budget, "epochs": f"1 + 120 + 80 / {ce_epochs}", "selcl_plus": sel, "ce": ce,
+                "ce_best": ce + 1, **kw}
+    rows = [row(60.0, 50.0, 240), row(62.0, 52.0, 240), row(61.0, 70.0, 320),
+            row(40.0, 30.0, 80, budget=51), row(41.0, 33.0, 100, budget=51),
+            row(10.0, 10.0, 999, budget=51, kept=True)]
+    budgets, mean, others = figure_points(rows)
+    assert budgets == [51, 201]
+    assert mean["selcl_plus"] == [40.5, 61.0]
+    assert mean["ce"] == [33.0, 51.0] and mean["ce_best"] == [34.0, 52.0]
+    assert sorted(others["ce"]) == [(51, 10.0), (51, 30.0), (51, 33.0), (201, 50.0), (201, 52.0), (201, 70.0)]
+    lone = figure_points([row(60.0, 50.0, 240)])
+    assert lone[1]["ce"] == [50.0] and lone[2] == {"selcl_plus": [], "ce": []}

@@ -257,24 +257,14 @@ def collect(args) -> int:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(5, 3.5))
-    # lines join each budget's mean over this collect's runs (experiments, --also,
-    # --folders, --extra); every run is also a hollow marker where a budget has several,
-    # and rows kept from an earlier collect (--keep: other code, other clone) are markers only
-    fresh = [r for r in rows if not r.get("kept")] or rows
-    budgets = sorted({r["selcl_epochs"] for r in fresh})
-    at = {b: [r for r in fresh if r["selcl_epochs"] == b] for b in budgets}
-    def _mean(vals):
-        vals = [v for v in vals if v is not None]
-        return sum(vals) / len(vals) if vals else float("nan")
-    mean = {k: [_mean(r[k] for r in at[b]) for b in budgets] for k in ("selcl_plus", "ce", "ce_best")}
+    budgets, mean, others = figure_points(rows)
     ax.plot(budgets, mean["selcl_plus"], "o-", color="C0", label="Sel-CL+")
     ax.plot(budgets, mean["ce"], "s-", color="C1", label="CE (mean of last)")
     ax.plot(budgets, mean["ce_best"], "s:", color="C1", alpha=0.5, label="CE best epoch")
-    others = [r for r in rows if r.get("kept") or len(at.get(r["selcl_epochs"], [])) > 1]
-    if others:
-        xo = [r["selcl_epochs"] for r in others]
-        ax.plot(xo, [float("nan") if r["selcl_plus"] is None else r["selcl_plus"] for r in others], "o", mfc="none", color="C0", alpha=0.6, label="single runs")
-        ax.plot(xo, [float("nan") if r["ce"] is None else r["ce"] for r in others], "s", mfc="none", color="C1", alpha=0.6)
+    if others["selcl_plus"]:
+        ax.plot(*zip(*others["selcl_plus"]), "o", mfc="none", color="C0", alpha=0.6, label="single runs")
+    if others["ce"]:
+        ax.plot(*zip(*others["ce"]), "s", mfc="none", color="C1", alpha=0.6)
     ax.set_xscale("log", base=2)
     ax.set_xlabel("budget: Sel-CL+ epochs in all (CE epochs: the table)")
     ax.set_ylabel("test accuracy (%)")
@@ -284,6 +274,48 @@ def collect(args) -> int:
     fig.savefig(out.with_suffix(".png"), dpi=120)
     print(f"wrote {out.with_suffix('.md')} and {out.with_suffix('.png')}")
     return 0
+
+
+def _ce_epochs(r: dict) -> int:
+    return int(r["epochs"].rpartition("/")[2])
+
+
+def figure_points(rows: list[dict]) -> tuple[list, dict, dict]:
+    """The figure's lines and markers. Lines join each budget's mean over this collect's runs
+    (experiments, --also, --folders, --extra); at a budget whose runs trained CE for
+    different numbers of epochs (a `--ce-factor` queue beside the plain one), the CE line
+    takes the CE epochs most of them ran (a tie: the longer CE) and the others are markers
+    only, so no CE mean mixes two budgets. Every run is also a hollow marker where a budget
+    has several, and rows kept from an earlier collect (--keep: other code, other clone) are
+    markers only. Returns budgets (Sel-CL+ epochs), {key: mean per budget} and
+    {"selcl_plus" / "ce": [(budget, value)] markers}; a missing value is left out."""
+    fresh = [r for r in rows if not r.get("kept")] or rows
+    budgets = sorted({r["selcl_epochs"] for r in fresh})
+    at = {b: [r for r in fresh if r["selcl_epochs"] == b] for b in budgets}
+
+    def _mean(vals):
+        vals = [v for v in vals if v is not None]
+        return sum(vals) / len(vals) if vals else float("nan")
+
+    def ce_runs(b):
+        counts = {}
+        for r in at[b]:
+            counts[_ce_epochs(r)] = counts.get(_ce_epochs(r), 0) + 1
+        keep = max(counts, key=lambda e: (counts[e], e))
+        return [r for r in at[b] if _ce_epochs(r) == keep]
+
+    mean = {"selcl_plus": [_mean(r["selcl_plus"] for r in at[b]) for b in budgets]}
+    for k in ("ce", "ce_best"):
+        mean[k] = [_mean(r[k] for r in ce_runs(b)) for b in budgets]
+    others = {"selcl_plus": [], "ce": []}
+    for r in rows:
+        several = r.get("kept") or len(at.get(r["selcl_epochs"], [])) > 1
+        on_line = not r.get("kept") and any(r is x for x in ce_runs(r["selcl_epochs"]))
+        if several and r["selcl_plus"] is not None:
+            others["selcl_plus"].append((r["selcl_epochs"], r["selcl_plus"]))
+        if (several or not on_line) and r["ce"] is not None:
+            others["ce"].append((r["selcl_epochs"], r["ce"]))
+    return budgets, mean, others
 
 
 def main(argv: list[str] | None = None) -> int:
