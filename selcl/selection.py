@@ -321,9 +321,9 @@ def select(features: torch.Tensor, noisy_labels: torch.Tensor, num_classes: int,
                  n_same_label_pairs=n_same)
     if y is not None:
         clean = y_noisy == y
-        n_t = max(int(examples.sum()), 1)
-        stats.update(
-            precision_T=float((examples & clean).sum()) / n_t,        # ỹ = y within T
+        n_t = int(examples.sum())
+        stats.update(                 # an empty T has no precision: NaN ("—"), as G's below
+            precision_T=float((examples & clean).sum()) / n_t if n_t else float("nan"),   # ỹ = y within T
             recall_T=float((examples & clean).sum()) / max(int(clean.sum()), 1),
             precision_G=(n_g_clean / n_g) if n_g > 0 else float("nan"),
             pseudo_label_accuracy=float((y_hat == y).double().mean()))

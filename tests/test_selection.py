@@ -141,7 +141,7 @@ def check_against_reference(sel, ref, name, atol=1e-6):
     assert st["n_pairs_G_prime"] == ref["n_g1"]
     assert st["n_pairs_estimated"] is False and st["n_pairs"] == off.sum()
     same_clean = yc[:, None] == yc[None, :]
-    assert st["precision_T"] == pytest.approx((yt[T] == yc[T]).mean() if T.any() else 0.0)
+    assert st["precision_T"] == pytest.approx((yt[T] == yc[T]).mean() if T.any() else math.nan, nan_ok=True)
     assert st["recall_T"] == pytest.approx(T[yt == yc].mean())
     if off.any():
         assert st["precision_G"] == pytest.approx((off & same_clean).sum() / off.sum())
@@ -230,8 +230,10 @@ def test_knn_backends_agree(name, index):
 
 def test_empty_G_prime_gives_infinite_threshold():
     z, noisy, y, C = make_case("clustered")
-    sel = select(z, noisy, C + 1, k=12, alpha=0.0, beta=0.5)    # class C is empty: m_C = 0
+    sel = select(z, noisy, C + 1, k=12, alpha=0.0, beta=0.5, clean_labels=y)   # class C is empty: m_C = 0
     assert sel.n_per_class == 0 and not sel.examples.any() and sel.threshold == math.inf
+    # an empty T has no precision (not 0.000 in the report) and recalls nothing
+    assert math.isnan(sel.stats["precision_T"]) and sel.stats["recall_T"] == 0.0
     idx = torch.arange(len(noisy))
     assert torch.equal(sel.pair_mask(idx, idx), torch.eye(len(noisy), dtype=torch.bool))
     assert sel.stats["n_pairs"] == 0

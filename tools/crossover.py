@@ -113,8 +113,9 @@ def _experiments(listing: str | None = None, head: str | None = None) -> dict[st
 
 
 def _f(x, fmt: str) -> str:
-    """A table cell: — for a value the run does not have (a disabled baseline, --no-ce)."""
-    return "—" if x is None else format(x, fmt)
+    """A table cell: — for a value the run does not have (a disabled baseline, --no-ce; NaN:
+    the precision of an empty T)."""
+    return "—" if x is None or x != x else format(x, fmt)
 
 
 def _read(path: str, rev: str) -> str:
