@@ -75,7 +75,8 @@ def test_report_states_budgets_verdicts_and_table_rows(tmp_path, monkeypatch):
     metrics = json.loads((tmp_path / "reports" / "metrics" / "cifar10_sym20.json").read_text())
     assert all(isinstance(v, float) for v in metrics.values()) and "env" not in metrics
     assert "| cifar10_sym20 | cpu | — |" in md           # an older run's env has no host CPU
-    assert summary == {"mean_gain_over_ce": round((15.1 + 20 + 21 + 20) / 4, 4), "reproduced": 1, "not_reproduced": 1}
+    assert summary == {"mean_gain_over_ce": round((15.1 + 20 + 21 + 20) / 4, 4), "min_gain_over_ce": 15.1,
+                       "reproduced": 1, "not_reproduced": 1}
     assert (tmp_path / "reports" / "figures" / "cifar10_sym20_accuracy.png").stat().st_size > 1000
     assert (tmp_path / "plots" / "accuracy" / "t4_t7.csv").read_text().startswith("epoch,Sel-CL+,CE\n")
 
@@ -265,3 +266,21 @@ def test_the_environment_names_the_host_cpu_and_its_threads():
     env = describe(torch.device("cpu"))
     assert env["cpu"] == f"{cpu_name()}, {torch.get_num_threads()} threads"
     assert cpu_name() not in ("", "unknown")
+
+
+def test_each_setting_section_states_its_network_images_and_averaging_window():
+    """A demo must not read as a paper-scale run: the section names the network, the image
+    counts (and what one test image is worth), K, α, β and how many epochs each accuracy
+    averages."""
+    from selcl.report import setting_text
+    cfg = {"model": {"arch": "small", "width": 16, "blocks": [1, 1, 1, 1]},
+           "pretrain": {"k": 25, "alpha": 0.5, "beta": 0.25},
+           "finetune": {"eval_last": 5}, "baseline": {"eval_last": 4}}
+    meta = {"n_train": 2000, "n_test": 3000, "num_classes": 10, "image_shape": [3, 32, 32]}
+    text = setting_text(cfg, meta)
+    assert "the small PreAct network (width 16, blocks [1, 1, 1, 1])" in text
+    assert "2,000 training and 3,000 test images (10 classes, 32 px; one test image = 0.03 points)" in text
+    assert "K = 25, α = 0.5, β = 0.25" in text
+    assert "the last 5 fine-tuning epochs, the baseline of its last 4 (the paper: 10)" in text
+    paper = setting_text({**cfg, "model": {"arch": "preact_resnet18"}}, {})
+    assert paper.startswith("Network: PreAct ResNet-18; K = 25")
