@@ -25,6 +25,7 @@ import io
 import json
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 
@@ -298,20 +299,19 @@ def figure_points(rows: list[dict]) -> tuple[list, dict, dict]:
         vals = [v for v in vals if v is not None]
         return sum(vals) / len(vals) if vals else float("nan")
 
-    def ce_runs(b):
-        counts = {}
-        for r in at[b]:
-            counts[_ce_epochs(r)] = counts.get(_ce_epochs(r), 0) + 1
+    ce_line = {}                  # budget -> its runs of the CE epochs most of them ran
+    for b in budgets:
+        counts = Counter(_ce_epochs(r) for r in at[b])
         keep = max(counts, key=lambda e: (counts[e], e))
-        return [r for r in at[b] if _ce_epochs(r) == keep]
+        ce_line[b] = [r for r in at[b] if _ce_epochs(r) == keep]
 
     mean = {"selcl_plus": [_mean(r["selcl_plus"] for r in at[b]) for b in budgets]}
     for k in ("ce", "ce_best"):
-        mean[k] = [_mean(r[k] for r in ce_runs(b)) for b in budgets]
+        mean[k] = [_mean(r[k] for r in ce_line[b]) for b in budgets]
     others = {"selcl_plus": [], "ce": []}
     for r in rows:
         several = r.get("kept") or len(at.get(r["selcl_epochs"], [])) > 1
-        on_line = not r.get("kept") and any(r is x for x in ce_runs(r["selcl_epochs"]))
+        on_line = not r.get("kept") and any(r is x for x in ce_line[r["selcl_epochs"]])
         if several and r["selcl_plus"] is not None:
             others["selcl_plus"].append((r["selcl_epochs"], r["selcl_plus"]))
         if (several or not on_line) and r["ce"] is not None:
