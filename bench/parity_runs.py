@@ -24,6 +24,14 @@ FILE` takes warm-up and pre-training from such a file instead of running them:
 
     python bench/parity_runs.py --setting cpu_cifar10_asym40 --path c10.tar.gz --set model.seed=1 \\
         --pretrained selcl-seed1.pt --swap all-seed1.pt --no-finetune --no-ce
+
+Pre-training, or Sel-CL+'s second stage? `--finetune-baseline` fine-tunes the CE baseline's
+trained network with Sel-CL+'s recipe (classifier re-initialised, mixup, bootstrapping, its lr
+and epochs) on every example with its noisy labels: a two-stage baseline with nothing of
+Sel-CL in it. `--save-baseline FILE` writes the baseline's network and history:
+
+    python bench/parity_runs.py --setting cpu_cifar10_asym40 --path c10.tar.gz --set model.seed=1 \\
+        --set baseline.mixup_alpha=1 --ce-only --finetune-baseline
 """
 from __future__ import annotations
 
@@ -98,6 +106,11 @@ def main() -> None:
     ap.add_argument("--swap", default=None, metavar="FILE",
                     help="another pre-training of the same data (as --pretrained): fine-tune this encoder on "
                          "its final T, its encoder on this run's final T, and its encoder on its own T")
+    ap.add_argument("--finetune-baseline", action="store_true",
+                    help="then fine-tune the CE baseline's network with Sel-CL+'s recipe on every example "
+                         "with its noisy labels (no Sel-CL pre-training or selection)")
+    ap.add_argument("--save-baseline", default=None, metavar="FILE",
+                    help="write the CE baseline's network and history to FILE")
     ap.add_argument("--oracles", nargs="*", default=None, metavar="NAME",
                     choices=["T_clean_labels", "all_noisy_labels", "all_clean_labels", "T_given_labels"],
                     help="diagnosis: also fine-tune the pre-trained encoder on T with the clean labels, "
@@ -107,6 +120,8 @@ def main() -> None:
     args = ap.parse_args()
     if args.no_finetune and not (args.from_run or args.rev or args.pretrained):
         ap.error("--no-finetune needs --from-run, --rev or --pretrained (a run that has its fine-tune)")
+    if args.no_ce and (args.finetune_baseline or args.save_baseline):
+        ap.error("--finetune-baseline and --save-baseline need the CE baseline: not with --no-ce")
     if args.ce_only and (args.no_ce or args.from_run or args.rev or args.pretrained or args.oracles is not None
                          or args.swap or args.save_pretrain):
         ap.error("--ce-only runs the CE baseline alone: it takes none of --no-ce, --from-run, --rev, "
@@ -183,6 +198,12 @@ def main() -> None:
     t1 = time.perf_counter()
     ce = None if args.no_ce else baseline(cfg, data, dev, ck("baseline"))
     t_ce = time.perf_counter() - t1
+    if args.save_baseline:
+        checkpoint.save(ce, Path(args.save_baseline))
+    # the baseline's network through Sel-CL+'s fine-tuning recipe, on every example
+    ce_ft = (finetune(cfg, data, {"model": ce["model"], "examples": np.ones(data.n, dtype=bool)}, dev,
+                      ck("baseline_finetune")) if args.finetune_baseline else None)
+    t_ce_ft = time.perf_counter() - t1 - t_ce
     oracles, oracle_histories, not_run = {}, {}, {}
 
     def refinetune(name: str, d_, p_) -> float:
@@ -230,6 +251,7 @@ def main() -> None:
     last = pre["history"][-1] if pre else {}
     s_ft = summarise(ft["history"], cfg["finetune"]["eval_last"]) if ft else {}
     s_ce = summarise(ce["history"], cfg["baseline"]["eval_last"]) if ce else {}
+    s_ce_ft = summarise(ce_ft["history"], cfg["finetune"]["eval_last"]) if ce_ft else {}
     print(json.dumps({
         "label": args.label, "setting": args.setting, "n_train": int(data.n),
         "realised_noise": float((data.noisy != data.clean).float().mean()),
@@ -238,16 +260,20 @@ def main() -> None:
         "from_run": args.rev or args.from_run, "overrides": list(args.set),
         "selcl_plus_mean_last": s_ft.get("test_acc_mean_last"), "selcl_plus_final": s_ft.get("test_acc_last"),
         "ce_mean_last": s_ce.get("test_acc_mean_last"), "ce_final": s_ce.get("test_acc_last"),
-        "ce_best": s_ce.get("test_acc_best"), "encoder_knn_top1": enc_knn, "finetune_oracles": oracles,
+        "ce_best": s_ce.get("test_acc_best"),
+        "ce_then_finetune_mean_last": s_ce_ft.get("test_acc_mean_last"),
+        "ce_then_finetune_final": s_ce_ft.get("test_acc_last"), "encoder_knn_top1": enc_knn, "finetune_oracles": oracles,
         "oracles_not_run": not_run, "swap": swaps,
         "n_T": last.get("n_selected"), "precision_T": last.get("precision_T"), "recall_T": last.get("recall_T"),
         "precision_G": last.get("precision_G"), "knn_top1": last.get("knn_top1"),
         "precision_T_by_epoch": [round(h["precision_T"], 3) for h in (pre["history"] if pre else []) if "precision_T" in h],
-        "seconds": {"warmup+pretrain": round(t_pre), "finetune": round(t_ft), "ce": round(t_ce)}}), flush=True)
+        "seconds": {"warmup+pretrain": round(t_pre), "finetune": round(t_ft), "ce": round(t_ce),
+                    **({"ce_then_finetune": round(t_ce_ft)} if ce_ft else {})}}), flush=True)
     if args.history:
         Path(args.history).write_text(json.dumps({
             "cfg": cfg, "warmup": warm["history"] if warm else None, "pretrain": pre["history"] if pre else None,
             "finetune": ft["history"] if ft else None, "ce": ce["history"] if ce else None,
+            "ce_then_finetune": ce_ft["history"] if ce_ft else None,
             "oracles": oracle_histories}, default=float))
 
 

@@ -259,3 +259,48 @@ def test_ce_only_refuses_options_that_need_sel_cl(tmp_path):
     out = subprocess.run([PYTHON, str(ROOT / "bench" / "parity_runs.py"), "--setting", "demo_asym40",
                           "--ce-only", "--no-ce"], cwd=tmp_path, env=stage_env(), capture_output=True, text=True)
     assert out.returncode == 2 and "--ce-only runs the CE baseline alone" in out.stderr
+
+
+def test_finetune_baseline_is_sel_cl_plus_recipe_on_the_baselines_network(finished_run, tmp_path):
+    """--finetune-baseline: the CE baseline's own trained network (the one --save-baseline
+    writes), fine-tuned with Sel-CL+'s recipe on every example with the noisy labels. The
+    same fine-tune done here from the saved network gives the same per-epoch losses; from a
+    fresh network it does not (so the flag really starts from the baseline)."""
+    import numpy as np
+
+    from selcl.checkpoint import Checkpointer
+    from selcl.config import load_params, resolve
+    from selcl.train import TrainData, finetune, make_model
+    saved, hist = tmp_path / "baseline.pt", tmp_path / "h.json"
+    env = stage_env(SELCL_THREADS="1", PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    out = subprocess.run([PYTHON, str(ROOT / "bench" / "parity_runs.py"), "--root", str(finished_run),
+                          "--setting", SETTING, "--from-run", str(finished_run / "runs" / SETTING), "--no-finetune",
+                          "--finetune-baseline", "--save-baseline", str(saved), "--history", str(hist)],
+                         cwd=finished_run, env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    got, h = json.loads(out.stdout.strip().splitlines()[-1]), json.loads(hist.read_text())
+    assert len(h["ce_then_finetune"]) == TINY["finetune"]["epochs"] and h["finetune"] is None
+    assert got["ce_then_finetune_final"] == h["ce_then_finetune"][-1]["test_acc"]
+    base = torch.load(saved, weights_only=False)
+    assert base["history"] == h["ce"]
+    cfg = resolve(load_params(finished_run / "params.yaml"), SETTING)
+    data = TrainData.load(finished_run / "runs" / SETTING, torch.device("cpu"))
+    every = np.ones(data.n, dtype=bool)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        losses = {}
+        for name, state in {"baseline": base["model"],
+                            "fresh": make_model(cfg["model"], data.num_classes, torch.device("cpu")).state_dict()}.items():
+            ck = Checkpointer(tmp_path / f"ft_{name}.pt", name, 10_000)
+            losses[name] = [e["loss"] for e in finetune(cfg, data, {"model": state, "examples": every},
+                                                        torch.device("cpu"), ck)["history"]]
+    finally:
+        torch.set_num_threads(threads)
+    assert [e["loss"] for e in h["ce_then_finetune"]] == losses["baseline"] != losses["fresh"]
+
+
+def test_finetune_baseline_needs_the_baseline(tmp_path):
+    out = subprocess.run([PYTHON, str(ROOT / "bench" / "parity_runs.py"), "--setting", "demo_asym40",
+                          "--no-ce", "--finetune-baseline"], cwd=tmp_path, env=stage_env(), capture_output=True, text=True)
+    assert out.returncode == 2 and "need the CE baseline" in out.stderr
