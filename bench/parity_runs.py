@@ -248,6 +248,10 @@ def main() -> None:
     enc_knn = {"selcl": encoder_knn(pre["model"], cfg, data, dev)} if pre else {}
     if ce is not None:
         enc_knn["ce"] = encoder_knn(ce["model"], cfg, data, dev)
+    # How much of the noisy labels each trained network fits (memorisation): its predictions
+    # on the un-augmented training images, split by whether the given label is wrong.
+    fits = {name: label_fit(r["model"], cfg, data, dev)
+            for name, r in {"selcl_plus": ft, "ce": ce, "ce_then_finetune": ce_ft}.items() if r is not None}
     last = pre["history"][-1] if pre else {}
     s_ft = summarise(ft["history"], cfg["finetune"]["eval_last"]) if ft else {}
     s_ce = summarise(ce["history"], cfg["baseline"]["eval_last"]) if ce else {}
@@ -262,7 +266,7 @@ def main() -> None:
         "ce_mean_last": s_ce.get("test_acc_mean_last"), "ce_final": s_ce.get("test_acc_last"),
         "ce_best": s_ce.get("test_acc_best"),
         "ce_then_finetune_mean_last": s_ce_ft.get("test_acc_mean_last"),
-        "ce_then_finetune_final": s_ce_ft.get("test_acc_last"), "encoder_knn_top1": enc_knn, "finetune_oracles": oracles,
+        "ce_then_finetune_final": s_ce_ft.get("test_acc_last"), "encoder_knn_top1": enc_knn, "train_label_fit": fits, "finetune_oracles": oracles,
         "oracles_not_run": not_run, "swap": swaps,
         "n_T": last.get("n_selected"), "precision_T": last.get("precision_T"), "recall_T": last.get("recall_T"),
         "precision_G": last.get("precision_G"), "knn_top1": last.get("knn_top1"),
@@ -300,6 +304,28 @@ def load_pretrained(path: str, cfg: dict, data) -> dict:
         sel = Selection.from_state_dict(pre["selection"], torch.device("cpu"))
         pre["examples"] = configured_rule(sel, data.noisy.cpu(), data.clean.cpu(), pc).examples.cpu()
     return pre
+
+
+def label_fit(state: dict, cfg: dict, data, dev) -> dict:
+    """Predictions (eval mode, un-augmented) of a trained network on its training images:
+    of the examples whose given label is wrong, the fraction predicted as that given label
+    (memorised) and as the true one; of the rest, the fraction predicted as their label.
+    NaN where a part is empty (no wrong labels)."""
+    import torch
+
+    from selcl import augment
+    from selcl.train import make_model
+    model = make_model(cfg["model"], data.num_classes, dev)
+    model.load_state_dict(state)
+    model.eval()
+    with torch.no_grad():
+        pred = torch.cat([model(augment.eval_view(data.x[i:i + 1024], data.mean, data.std, data.crop))[1].argmax(1)
+                          for i in range(0, data.n, 1024)]).cpu()
+    given, true = data.noisy.cpu(), data.clean.cpu()
+    wrong = given != true
+    frac = lambda hit, part: float(hit[part].float().mean()) if part.any() else float("nan")  # noqa: E731
+    return {"wrong_as_given": frac(pred == given, wrong), "wrong_as_true": frac(pred == true, wrong),
+            "right_as_given": frac(pred == given, ~wrong), "n_wrong": int(wrong.sum())}
 
 
 def encoder_knn(state: dict, cfg: dict, data, dev) -> float:

@@ -298,6 +298,19 @@ def test_finetune_baseline_is_sel_cl_plus_recipe_on_the_baselines_network(finish
     finally:
         torch.set_num_threads(threads)
     assert [e["loss"] for e in h["ce_then_finetune"]] == losses["baseline"] != losses["fresh"]
+    # what the baseline's network predicts on its training images, against the classifier
+    # accuracy of the same network on the wrong- and right-labelled parts (selcl.evaluate)
+    from selcl.evaluate import test_accuracy
+    model = make_model(cfg["model"], data.num_classes, torch.device("cpu"))
+    model.load_state_dict(base["model"])
+    model.eval()
+    wrong = data.noisy != data.clean
+    acc = lambda part, labels: test_accuracy(model, data.x[part], labels[part], data.mean, data.std)["top1"] / 100  # noqa: E731
+    fit = got["train_label_fit"]["ce"]
+    assert set(got["train_label_fit"]) == {"ce", "ce_then_finetune"} and fit["n_wrong"] == int(wrong.sum()) > 0
+    assert fit["wrong_as_given"] == pytest.approx(acc(wrong, data.noisy), abs=1e-9)
+    assert fit["wrong_as_true"] == pytest.approx(acc(wrong, data.clean), abs=1e-9)
+    assert fit["right_as_given"] == pytest.approx(acc(~wrong, data.noisy), abs=1e-9)
 
 
 def test_finetune_baseline_needs_the_baseline(tmp_path):
