@@ -204,11 +204,13 @@ def main() -> None:
     ce_ft = (finetune(cfg, data, {"model": ce["model"], "examples": np.ones(data.n, dtype=bool)}, dev,
                       ck("baseline_finetune")) if args.finetune_baseline else None)
     t_ce_ft = time.perf_counter() - t1 - t_ce
-    oracles, oracle_histories, not_run = {}, {}, {}
+    oracles, oracle_histories, oracle_fits, not_run = {}, {}, {}, {}
 
     def refinetune(name: str, d_, p_) -> float:
         """One more fine-tune (Sel-CL+'s recipe) of p_'s encoder on p_'s examples, with d_'s labels."""
-        h = oracle_histories[name] = finetune(cfg, d_, p_, dev, ck(f"oracle_{name}"))["history"]
+        r = finetune(cfg, d_, p_, dev, ck(f"oracle_{name}"))
+        h = oracle_histories[name] = r["history"]
+        oracle_fits[name] = label_fit(r["model"], cfg, data, dev)     # against the run's given labels
         return summarise(h, cfg["finetune"]["eval_last"])["test_acc_mean_last"]
 
     # T is the final selection's, whatever the run trained on: with pretrain.selected_sets
@@ -266,7 +268,7 @@ def main() -> None:
         "ce_mean_last": s_ce.get("test_acc_mean_last"), "ce_final": s_ce.get("test_acc_last"),
         "ce_best": s_ce.get("test_acc_best"),
         "ce_then_finetune_mean_last": s_ce_ft.get("test_acc_mean_last"),
-        "ce_then_finetune_final": s_ce_ft.get("test_acc_last"), "encoder_knn_top1": enc_knn, "train_label_fit": fits, "finetune_oracles": oracles,
+        "ce_then_finetune_final": s_ce_ft.get("test_acc_last"), "encoder_knn_top1": enc_knn, "train_label_fit": {**fits, **oracle_fits}, "finetune_oracles": oracles,
         "oracles_not_run": not_run, "swap": swaps,
         "n_T": last.get("n_selected"), "precision_T": last.get("precision_T"), "recall_T": last.get("recall_T"),
         "precision_G": last.get("precision_G"), "knn_top1": last.get("knn_top1"),

@@ -68,6 +68,9 @@ def test_from_run_refinetunes_the_run_and_its_oracles(finished_run):
     assert got["selcl_plus_mean_last"] == stage["test_acc_mean_last"]
     assert set(got["finetune_oracles"]) == {"T_clean_labels", "all_noisy_labels", "all_clean_labels"}
     assert all(0 <= v <= 100 for v in got["finetune_oracles"].values())
+    # each fine-tuned network's predictions on the training images, against the given labels
+    assert set(got["train_label_fit"]) == {"selcl_plus", *got["finetune_oracles"]}
+    assert all(0 <= f[k] <= 1 for f in got["train_label_fit"].values() for k in ("wrong_as_given", "right_as_given"))
 
 
 def test_oracles_fine_tune_T_when_the_run_trained_on_other_examples(finished_run, tmp_path):
