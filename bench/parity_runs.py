@@ -28,7 +28,9 @@ FILE` takes warm-up and pre-training from such a file instead of running them:
 Pre-training, or Sel-CL+'s second stage? `--finetune-baseline` fine-tunes the CE baseline's
 trained network with Sel-CL+'s recipe (classifier re-initialised, mixup, bootstrapping, its lr
 and epochs) on every example with its noisy labels: a two-stage baseline with nothing of
-Sel-CL in it. `--save-baseline FILE` writes the baseline's network and history:
+Sel-CL in it. `--save-baseline FILE` writes the baseline's network and history, and
+`--baseline-from FILE` reads it back instead of training the baseline (e.g. to fine-tune it
+again with `--set finetune.bootstrap=0`):
 
     python bench/parity_runs.py --setting cpu_cifar10_asym40 --path c10.tar.gz --set model.seed=1 \\
         --set baseline.mixup_alpha=1 --ce-only --finetune-baseline
@@ -111,6 +113,8 @@ def main() -> None:
                          "with its noisy labels (no Sel-CL pre-training or selection)")
     ap.add_argument("--save-baseline", default=None, metavar="FILE",
                     help="write the CE baseline's network and history to FILE")
+    ap.add_argument("--baseline-from", default=None, metavar="FILE",
+                    help="the CE baseline from a --save-baseline FILE of this setting instead of training it")
     ap.add_argument("--oracles", nargs="*", default=None, metavar="NAME",
                     choices=["T_clean_labels", "all_noisy_labels", "all_clean_labels", "T_given_labels"],
                     help="diagnosis: also fine-tune the pre-trained encoder on T with the clean labels, "
@@ -120,8 +124,8 @@ def main() -> None:
     args = ap.parse_args()
     if args.no_finetune and not (args.from_run or args.rev or args.pretrained):
         ap.error("--no-finetune needs --from-run, --rev or --pretrained (a run that has its fine-tune)")
-    if args.no_ce and (args.finetune_baseline or args.save_baseline):
-        ap.error("--finetune-baseline and --save-baseline need the CE baseline: not with --no-ce")
+    if args.no_ce and (args.finetune_baseline or args.save_baseline or args.baseline_from):
+        ap.error("--finetune-baseline, --save-baseline and --baseline-from need the CE baseline: not with --no-ce")
     if args.ce_only and (args.no_ce or args.from_run or args.rev or args.pretrained or args.oracles is not None
                          or args.swap or args.save_pretrain):
         ap.error("--ce-only runs the CE baseline alone: it takes none of --no-ce, --from-run, --rev, "
@@ -160,18 +164,27 @@ def main() -> None:
         data = TrainData.load(args.from_run, dev)
     else:
         d, nc = cfg["data"], cfg["noise"]
-        kw = ({"path": args.path or d.get("path"), "subset": d.get("subset"), "subset_test": d.get("subset_test")}
-              if d["dataset"] == "imagefolder" else {})
-        ds = load_dataset(d["dataset"], **kw)
+        # the data stage's call (subset of any dataset, digits' split seed, ...), less the keys
+        # an older checkout's load_dataset does not take yet
+        import inspect
+        kw = {"root": d.get("root"), "path": args.path or d.get("path"), "subset": d.get("subset"),
+              "subset_test": d.get("subset_test"), "seed": d.get("seed"), "download": d.get("download"),
+              "image_size": d.get("image_size")}
+        takes = inspect.signature(load_dataset).parameters
+        ds = load_dataset(d["dataset"], **{k: v for k, v in kw.items() if k in takes and (k in d or k == "path")})
         C = len(ds.classes)
-        try:                      # as the stage; an older checkout has one generator and no key
-            from selcl.noise import resolve_generator
-            gen = {"generator": resolve_generator(nc.get("generator", "auto"), d["dataset"])}
-        except ImportError:
-            gen = {}
-        noisy = make_noisy_labels(ds.y_train, C, nc["kind"], nc["rate"], nc["seed"],
-                                  dataset=nc["asym_map"] if nc["asym_map"] != "auto" else d["dataset"],  # as the stage
-                                  include_true_class=nc["include_true_class"], **gen)
+        try:                      # the noise stage's labels
+            from selcl.noise import labels_from_config
+            noisy, _ = labels_from_config(ds.y_train, C, nc, d["dataset"])
+        except ImportError:       # an older checkout: one generator and no key, maybe
+            try:
+                from selcl.noise import resolve_generator
+                gen = {"generator": resolve_generator(nc.get("generator", "auto"), d["dataset"])}
+            except ImportError:
+                gen = {}
+            noisy = make_noisy_labels(ds.y_train, C, nc["kind"], nc["rate"], nc["seed"],
+                                      dataset=nc["asym_map"] if nc["asym_map"] != "auto" else d["dataset"],
+                                      include_true_class=nc["include_true_class"], **gen)
         data = TrainData.build({"x_train": ds.x_train, "y_train": ds.y_train, "x_test": ds.x_test, "y_test": ds.y_test,
                                 "mean": ds.mean, "std": ds.std},
                                {"noisy": noisy, "clean": ds.y_train, "num_classes": C}, torch.device("cpu"))
@@ -196,7 +209,12 @@ def main() -> None:
     ft = None if args.no_finetune or args.ce_only else finetune(cfg, data, pre, dev, ck("finetune"))
     t_ft = time.perf_counter() - t0 - t_pre
     t1 = time.perf_counter()
-    ce = None if args.no_ce else baseline(cfg, data, dev, ck("baseline"))
+    if args.baseline_from:           # a baseline an earlier run saved: not trained again
+        ce = checkpoint.load(Path(args.baseline_from), what="CE baseline")
+        if not isinstance(ce, dict) or "model" not in ce or "history" not in ce:
+            raise SystemExit(f"parity_runs: {args.baseline_from}: not a --save-baseline file (no model or history)")
+    else:
+        ce = None if args.no_ce else baseline(cfg, data, dev, ck("baseline"))
     t_ce = time.perf_counter() - t1
     if args.save_baseline:
         checkpoint.save(ce, Path(args.save_baseline))

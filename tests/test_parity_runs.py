@@ -301,6 +301,15 @@ def test_finetune_baseline_is_sel_cl_plus_recipe_on_the_baselines_network(finish
     finally:
         torch.set_num_threads(threads)
     assert [e["loss"] for e in h["ce_then_finetune"]] == losses["baseline"] != losses["fresh"]
+    # --baseline-from reads the saved baseline back instead of training it: the same fine-tune
+    again = subprocess.run([PYTHON, str(ROOT / "bench" / "parity_runs.py"), "--root", str(finished_run),
+                            "--setting", SETTING, "--from-run", str(finished_run / "runs" / SETTING), "--no-finetune",
+                            "--baseline-from", str(saved), "--finetune-baseline",
+                            "--history", str(tmp_path / "again.json")],
+                           cwd=finished_run, env=env, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr[-2000:]
+    h2 = json.loads((tmp_path / "again.json").read_text())
+    assert h2["ce"] == h["ce"] and h2["ce_then_finetune"] == h["ce_then_finetune"]
     # what the baseline's network predicts on its training images, against the classifier
     # accuracy of the same network on the wrong- and right-labelled parts (selcl.evaluate)
     from selcl.evaluate import test_accuracy
@@ -320,3 +329,22 @@ def test_finetune_baseline_needs_the_baseline(tmp_path):
     out = subprocess.run([PYTHON, str(ROOT / "bench" / "parity_runs.py"), "--setting", "demo_asym40",
                           "--no-ce", "--finetune-baseline"], cwd=tmp_path, env=stage_env(), capture_output=True, text=True)
     assert out.returncode == 2 and "need the CE baseline" in out.stderr
+
+
+def test_built_data_is_the_pipelines(finished_run, tmp_path):
+    """Without --from-run the script builds the data and noisy labels itself; they must be the
+    data and noise stages' own (the tiny setting keeps 20 digits a class, `data.subset`, which
+    the script once ignored for every dataset but an image folder): the CE baseline trained on
+    them equals the one trained on the finished run's files, epoch for epoch."""
+    env = stage_env(SELCL_THREADS="1", PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    hists = {}
+    for name, source in {"built": ["--ce-only"],
+                         "run": ["--from-run", str(finished_run / "runs" / SETTING), "--no-finetune"]}.items():
+        out = subprocess.run([PYTHON, str(ROOT / "bench" / "parity_runs.py"), "--root", str(finished_run),
+                              "--setting", SETTING, *source, "--history", str(tmp_path / f"{name}.json")],
+                             cwd=finished_run, env=env, capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stderr[-2000:]
+        got = json.loads(out.stdout.strip().splitlines()[-1])
+        assert got["n_train"] == TINY["data"]["subset"] * 10
+        hists[name] = json.loads((tmp_path / f"{name}.json").read_text())["ce"]
+    assert hists["built"] == hists["run"]
