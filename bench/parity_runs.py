@@ -327,21 +327,22 @@ def load_pretrained(path: str, cfg: dict, data) -> dict:
     return pre
 
 
+def trained_network(state: dict, cfg: dict, data, dev):
+    """The setting's network with a trained state loaded, in eval mode."""
+    from selcl.train import make_model
+    model = make_model(cfg["model"], data.num_classes, dev)
+    model.load_state_dict(state)
+    return model.eval()
+
+
 def label_fit(state: dict, cfg: dict, data, dev) -> dict:
     """Predictions (eval mode, un-augmented) of a trained network on its training images:
     of the examples whose given label is wrong, the fraction predicted as that given label
     (memorised) and as the true one; of the rest, the fraction predicted as their label.
     NaN where a part is empty (no wrong labels)."""
-    import torch
-
-    from selcl import augment
-    from selcl.train import make_model
-    model = make_model(cfg["model"], data.num_classes, dev)
-    model.load_state_dict(state)
-    model.eval()
-    with torch.no_grad():
-        pred = torch.cat([model(augment.eval_view(data.x[i:i + 1024], data.mean, data.std, data.crop))[1].argmax(1)
-                          for i in range(0, data.n, 1024)]).cpu()
+    from selcl.evaluate import embed
+    _, logits = embed(trained_network(state, cfg, data, dev), data.x, data.mean, data.std, crop=data.crop)
+    pred = logits.argmax(1).cpu()
     given, true = data.noisy.cpu(), data.clean.cpu()
     wrong = given != true
     frac = lambda hit, part: float(hit[part].float().mean()) if part.any() else float("nan")  # noqa: E731
@@ -356,10 +357,7 @@ def encoder_knn(state: dict, cfg: dict, data, dev) -> float:
 
     from selcl import augment
     from selcl.evaluate import weighted_knn_accuracy
-    from selcl.train import make_model
-    model = make_model(cfg["model"], data.num_classes, dev)
-    model.load_state_dict(state)
-    model.eval()
+    model = trained_network(state, cfg, data, dev)
 
     @torch.no_grad()
     def feats(x):
