@@ -344,13 +344,18 @@ def _label_file(nc: dict) -> str:
 def noise_text(cfg: dict, realised: float | None = None) -> str:
     """How a setting's noise reads in the tables: "sym 0.40", "asym 0.40", "none", or for a
     label file its name (and dict key) with the realised rate ("file: labels.npy, realised
-    0.41"): `noise.rate` means nothing for a file, so it is never printed as one."""
+    0.41"): `noise.rate` means nothing for a file, so it is never printed as one. Given the
+    realised rate, an injected noise shows it beside the requested one ("asym 0.40, realised
+    0.20"): the paper names a column by r, but asymmetric noise flips only five classes'
+    labels and symmetric noise keeps the true class among the draws, so r is not the share
+    of wrong labels."""
     nc = cfg["noise"]
     if nc["kind"] == "file":
         return f"{_label_file(nc)}, realised {_fmt(realised, 2)}"
     if nc["kind"] == "none":
         return "none"
-    return f"{nc['kind']} {nc['rate']:.2f}"
+    text = f"{nc['kind']} {nc['rate']:.2f}"
+    return text if realised is None else f"{text}, realised {_fmt(realised, 2)}"
 
 
 def git_commit(cwd: Path = Path(".")) -> str:

@@ -61,7 +61,7 @@ def test_report_states_budgets_verdicts_and_table_rows(tmp_path, monkeypatch):
         "t4_t7": {**asym40, "pretrain": {"selected_sets": "T_G1"}, "warmup": {"method": "sup_cl"}},
     }, {"cifar10_sym20": (95.1, 80.0), "cifar10_asym40": (90.0, 70.0), "t4": (91.0, 70.0), "t4_t7": (90.0, 70.0)})
     assert "params hash `" in md and "Git commit" in md
-    assert "| cifar10_sym20 | cifar10 | sym 0.20 | 1 + 249 + 70 = 320 / 200 | **95.10** |" in md
+    assert "| cifar10_sym20 | cifar10 | sym 0.20, realised 0.20 | 1 + 249 + 70 = 320 / 200 | **95.10** |" in md
     assert "| yes |" in _row(md, "cifar10_sym20", "95.5")
     assert "| -3.40 | no |" in _row(md, "cifar10_asym40", "93.4")
     # a variant keeps the paper's number beside it for context, but gets no Δ and no verdict
@@ -284,3 +284,12 @@ def test_each_setting_section_states_its_network_images_and_averaging_window():
     assert "the last 5 fine-tuning epochs, the baseline of its last 4 (the paper: 10)" in text
     paper = setting_text({**cfg, "model": {"arch": "preact_resnet18"}}, {})
     assert paper.startswith("Network: PreAct ResNet-18; K = 25")
+
+
+def test_injected_noise_shows_its_realised_rate_beside_the_requested_one():
+    """asym40 on CIFAR-10 flips about 20 % of all labels: Table 3 says so next to the paper's r."""
+    from selcl.report import noise_text
+    asym = {"noise": {"kind": "asym", "rate": 0.4}}
+    assert noise_text(asym) == "asym 0.40"
+    assert noise_text(asym, 0.196) == "asym 0.40, realised 0.20"
+    assert noise_text({"noise": {"kind": "none"}}, 0.0) == "none"
