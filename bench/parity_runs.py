@@ -30,10 +30,13 @@ trained network with Sel-CL+'s recipe (classifier re-initialised, mixup, bootstr
 and epochs) on every example with its noisy labels: a two-stage baseline with nothing of
 Sel-CL in it. `--save-baseline FILE` writes the baseline's network and history, and
 `--baseline-from FILE` reads it back instead of training the baseline (e.g. to fine-tune it
-again with `--set finetune.bootstrap=0`):
+again with `--set finetune.bootstrap=0`). `--finetune-baseline-on-T` fine-tunes the same network
+on the pre-training's final T instead (start crossed with fine-tuning set):
 
     python bench/parity_runs.py --setting cpu_cifar10_asym40 --path c10.tar.gz --set model.seed=1 \\
         --set baseline.mixup_alpha=1 --ce-only --finetune-baseline
+    python bench/parity_runs.py --setting cpu_cifar10_sym50 --path c10.tar.gz --set model.seed=2 \\
+        --pretrained selcl-seed2.pt --no-finetune --baseline-from mixup-seed2.pt --finetune-baseline-on-T
 """
 from __future__ import annotations
 
@@ -111,6 +114,9 @@ def main() -> None:
     ap.add_argument("--finetune-baseline", action="store_true",
                     help="then fine-tune the CE baseline's network with Sel-CL+'s recipe on every example "
                          "with its noisy labels (no Sel-CL pre-training or selection)")
+    ap.add_argument("--finetune-baseline-on-T", action="store_true",
+                    help="also fine-tune the CE baseline's network with Sel-CL+'s recipe on the pre-training's "
+                         "final T (its given labels): the baseline's start with Sel-CL's fine-tuning set")
     ap.add_argument("--save-baseline", default=None, metavar="FILE",
                     help="write the CE baseline's network and history to FILE")
     ap.add_argument("--baseline-from", default=None, metavar="FILE",
@@ -124,12 +130,14 @@ def main() -> None:
     args = ap.parse_args()
     if args.no_finetune and not (args.from_run or args.rev or args.pretrained):
         ap.error("--no-finetune needs --from-run, --rev or --pretrained (a run that has its fine-tune)")
-    if args.no_ce and (args.finetune_baseline or args.save_baseline or args.baseline_from):
-        ap.error("--finetune-baseline, --save-baseline and --baseline-from need the CE baseline: not with --no-ce")
+    if args.no_ce and (args.finetune_baseline or args.finetune_baseline_on_T or args.save_baseline
+                       or args.baseline_from):
+        ap.error("--finetune-baseline(-on-T), --save-baseline and --baseline-from need the CE baseline: "
+                 "not with --no-ce")
     if args.ce_only and (args.no_ce or args.from_run or args.rev or args.pretrained or args.oracles is not None
-                         or args.swap or args.save_pretrain):
+                         or args.swap or args.save_pretrain or args.finetune_baseline_on_T):
         ap.error("--ce-only runs the CE baseline alone: it takes none of --no-ce, --from-run, --rev, "
-                 "--pretrained, --oracles, --swap, --save-pretrain")
+                 "--pretrained, --oracles, --swap, --save-pretrain, --finetune-baseline-on-T")
     root = Path(args.root).resolve()
     sys.path.insert(0, str(root))
     import numpy as np
@@ -222,6 +230,15 @@ def main() -> None:
     ce_ft = (finetune(cfg, data, {"model": ce["model"], "examples": np.ones(data.n, dtype=bool)}, dev,
                       ck("baseline_finetune")) if args.finetune_baseline else None)
     t_ce_ft = time.perf_counter() - t1 - t_ce
+    # T is the final selection's, whatever the run trained on: with pretrain.selected_sets
+    # `all` (paper Table 4) the run fine-tunes on every example
+    final_T = lambda p: torch.as_tensor(p["selection"]["examples"]).bool().cpu()  # noqa: E731
+    # the baseline's network through the same recipe on Sel-CL's final T: with the two fine-tunes
+    # above, start (Sel-CL's encoder or the baseline's network) crossed with set (T or every example)
+    t2 = time.perf_counter()
+    ce_ft_T = (finetune(cfg, data, {"model": ce["model"], "examples": final_T(pre)}, dev,
+                        ck("baseline_finetune_T")) if args.finetune_baseline_on_T else None)
+    t_ce_ft_T = time.perf_counter() - t2
     oracles, oracle_histories, oracle_fits, not_run = {}, {}, {}, {}
 
     def refinetune(name: str, d_, p_) -> float:
@@ -231,9 +248,6 @@ def main() -> None:
         oracle_fits[name] = label_fit(r["model"], cfg, data, dev)     # against the run's given labels
         return summarise(h, cfg["finetune"]["eval_last"])["test_acc_mean_last"]
 
-    # T is the final selection's, whatever the run trained on: with pretrain.selected_sets
-    # `all` (paper Table 4) the run fine-tunes on every example
-    final_T = lambda p: torch.as_tensor(p["selection"]["examples"]).bool().cpu()  # noqa: E731
     T = final_T(pre) if args.oracles is not None or args.swap else None   # an older checkout may have none
     if args.oracles is not None:     # what limits Sel-CL+: the selection, its labels, or the encoder?
         import dataclasses
@@ -271,11 +285,13 @@ def main() -> None:
     # How much of the noisy labels each trained network fits (memorisation): its predictions
     # on the un-augmented training images, split by whether the given label is wrong.
     fits = {name: label_fit(r["model"], cfg, data, dev)
-            for name, r in {"selcl_plus": ft, "ce": ce, "ce_then_finetune": ce_ft}.items() if r is not None}
+            for name, r in {"selcl_plus": ft, "ce": ce, "ce_then_finetune": ce_ft,
+                            "ce_then_finetune_on_T": ce_ft_T}.items() if r is not None}
     last = pre["history"][-1] if pre else {}
     s_ft = summarise(ft["history"], cfg["finetune"]["eval_last"]) if ft else {}
     s_ce = summarise(ce["history"], cfg["baseline"]["eval_last"]) if ce else {}
     s_ce_ft = summarise(ce_ft["history"], cfg["finetune"]["eval_last"]) if ce_ft else {}
+    s_ce_ft_T = summarise(ce_ft_T["history"], cfg["finetune"]["eval_last"]) if ce_ft_T else {}
     print(json.dumps({
         "label": args.label, "setting": args.setting, "n_train": int(data.n),
         "realised_noise": float((data.noisy != data.clean).float().mean()),
@@ -286,19 +302,23 @@ def main() -> None:
         "ce_mean_last": s_ce.get("test_acc_mean_last"), "ce_final": s_ce.get("test_acc_last"),
         "ce_best": s_ce.get("test_acc_best"),
         "ce_then_finetune_mean_last": s_ce_ft.get("test_acc_mean_last"),
-        "ce_then_finetune_final": s_ce_ft.get("test_acc_last"), "encoder_knn_top1": enc_knn,
+        "ce_then_finetune_final": s_ce_ft.get("test_acc_last"),
+        "ce_then_finetune_on_T_mean_last": s_ce_ft_T.get("test_acc_mean_last"),
+        "ce_then_finetune_on_T_final": s_ce_ft_T.get("test_acc_last"), "encoder_knn_top1": enc_knn,
         "train_label_fit": {**fits, **oracle_fits}, "finetune_oracles": oracles,
         "oracles_not_run": not_run, "swap": swaps,
         "n_T": last.get("n_selected"), "precision_T": last.get("precision_T"), "recall_T": last.get("recall_T"),
         "precision_G": last.get("precision_G"), "knn_top1": last.get("knn_top1"),
         "precision_T_by_epoch": [round(h["precision_T"], 3) for h in (pre["history"] if pre else []) if "precision_T" in h],
         "seconds": {"warmup+pretrain": round(t_pre), "finetune": round(t_ft), "ce": round(t_ce),
-                    **({"ce_then_finetune": round(t_ce_ft)} if ce_ft else {})}}), flush=True)
+                    **({"ce_then_finetune": round(t_ce_ft)} if ce_ft else {}),
+                    **({"ce_then_finetune_on_T": round(t_ce_ft_T)} if ce_ft_T else {})}}), flush=True)
     if args.history:
         Path(args.history).write_text(json.dumps({
             "cfg": cfg, "warmup": warm["history"] if warm else None, "pretrain": pre["history"] if pre else None,
             "finetune": ft["history"] if ft else None, "ce": ce["history"] if ce else None,
             "ce_then_finetune": ce_ft["history"] if ce_ft else None,
+            "ce_then_finetune_on_T": ce_ft_T["history"] if ce_ft_T else None,
             "oracles": oracle_histories}, default=float))
 
 

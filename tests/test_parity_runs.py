@@ -289,27 +289,38 @@ def test_finetune_baseline_is_sel_cl_plus_recipe_on_the_baselines_network(finish
     cfg = resolve(load_params(finished_run / "params.yaml"), SETTING)
     data = TrainData.load(finished_run / "runs" / SETTING, torch.device("cpu"))
     every = np.ones(data.n, dtype=bool)
+    # the run's final T (a proper part of the examples, so "on T" is another fine-tune)
+    T = torch.load(finished_run / "runs" / SETTING / "pretrain.pt", weights_only=False)["selection"]["examples"]
+    T = torch.as_tensor(T).bool()
+    assert 0 < int(T.sum()) < data.n
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
         losses = {}
-        for name, state in {"baseline": base["model"],
-                            "fresh": make_model(cfg["model"], data.num_classes, torch.device("cpu")).state_dict()}.items():
+        for name, (state, examples) in {
+                "baseline": (base["model"], every), "baseline_on_T": (base["model"], T),
+                "fresh": (make_model(cfg["model"], data.num_classes, torch.device("cpu")).state_dict(), every)}.items():
             ck = Checkpointer(tmp_path / f"ft_{name}.pt", name, 10_000)
-            losses[name] = [e["loss"] for e in finetune(cfg, data, {"model": state, "examples": every},
+            losses[name] = [e["loss"] for e in finetune(cfg, data, {"model": state, "examples": examples},
                                                         torch.device("cpu"), ck)["history"]]
     finally:
         torch.set_num_threads(threads)
     assert [e["loss"] for e in h["ce_then_finetune"]] == losses["baseline"] != losses["fresh"]
-    # --baseline-from reads the saved baseline back instead of training it: the same fine-tune
+    assert h["ce_then_finetune_on_T"] is None and got["ce_then_finetune_on_T_final"] is None
+    # --baseline-from reads the saved baseline back instead of training it: the same fine-tune;
+    # --finetune-baseline-on-T fine-tunes that network on the run's final T as well
     again = subprocess.run([PYTHON, str(ROOT / "bench" / "parity_runs.py"), "--root", str(finished_run),
                             "--setting", SETTING, "--from-run", str(finished_run / "runs" / SETTING), "--no-finetune",
-                            "--baseline-from", str(saved), "--finetune-baseline",
+                            "--baseline-from", str(saved), "--finetune-baseline", "--finetune-baseline-on-T",
                             "--history", str(tmp_path / "again.json")],
                            cwd=finished_run, env=env, capture_output=True, text=True, timeout=300)
     assert again.returncode == 0, again.stderr[-2000:]
     h2 = json.loads((tmp_path / "again.json").read_text())
     assert h2["ce"] == h["ce"] and h2["ce_then_finetune"] == h["ce_then_finetune"]
+    assert [e["loss"] for e in h2["ce_then_finetune_on_T"]] == losses["baseline_on_T"] != losses["baseline"]
+    got2 = json.loads(again.stdout.strip().splitlines()[-1])
+    assert got2["ce_then_finetune_on_T_final"] == h2["ce_then_finetune_on_T"][-1]["test_acc"]
+    assert set(got2["train_label_fit"]) == {"ce", "ce_then_finetune", "ce_then_finetune_on_T"}
     # what the baseline's network predicts on its training images, against the classifier
     # accuracy of the same network on the wrong- and right-labelled parts (selcl.evaluate)
     from selcl.evaluate import test_accuracy
@@ -326,9 +337,15 @@ def test_finetune_baseline_is_sel_cl_plus_recipe_on_the_baselines_network(finish
 
 
 def test_finetune_baseline_needs_the_baseline(tmp_path):
+    for flag in ("--finetune-baseline", "--finetune-baseline-on-T"):
+        out = subprocess.run([PYTHON, str(ROOT / "bench" / "parity_runs.py"), "--setting", "demo_asym40",
+                              "--no-ce", flag], cwd=tmp_path, env=stage_env(), capture_output=True, text=True)
+        assert out.returncode == 2 and "need the CE baseline" in out.stderr
+    # on T needs a pre-training (its T): not with the baseline alone
     out = subprocess.run([PYTHON, str(ROOT / "bench" / "parity_runs.py"), "--setting", "demo_asym40",
-                          "--no-ce", "--finetune-baseline"], cwd=tmp_path, env=stage_env(), capture_output=True, text=True)
-    assert out.returncode == 2 and "need the CE baseline" in out.stderr
+                          "--ce-only", "--finetune-baseline-on-T"], cwd=tmp_path, env=stage_env(),
+                         capture_output=True, text=True)
+    assert out.returncode == 2 and "--ce-only runs the CE baseline alone" in out.stderr
 
 
 def test_built_data_is_the_pipelines(finished_run, tmp_path):
