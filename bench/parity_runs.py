@@ -288,12 +288,17 @@ def main() -> None:
             for name, r in {"selcl_plus": ft, "ce": ce, "ce_then_finetune": ce_ft,
                             "ce_then_finetune_on_T": ce_ft_T}.items() if r is not None}
     last = pre["history"][-1] if pre else {}
+    try:                             # the host (two of one model name can round one float apart)
+        from selcl.device import cpu_id, cpu_name
+        host = f"{cpu_name()}; {cpu_id()}"
+    except ImportError:              # an older checkout
+        host = None
     s_ft = summarise(ft["history"], cfg["finetune"]["eval_last"]) if ft else {}
     s_ce = summarise(ce["history"], cfg["baseline"]["eval_last"]) if ce else {}
     s_ce_ft = summarise(ce_ft["history"], cfg["finetune"]["eval_last"]) if ce_ft else {}
     s_ce_ft_T = summarise(ce_ft_T["history"], cfg["finetune"]["eval_last"]) if ce_ft_T else {}
     print(json.dumps({
-        "label": args.label, "setting": args.setting, "n_train": int(data.n),
+        "label": args.label, "setting": args.setting, "host": host, "n_train": int(data.n),
         "realised_noise": float((data.noisy != data.clean).float().mean()),
         "epochs": {"warmup": cfg["warmup"]["epochs"], "pretrain": cfg["pretrain"]["epochs"],
                    "finetune": cfg["finetune"]["epochs"], "ce": cfg["baseline"]["epochs"]},

@@ -232,11 +232,40 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine() or "unknown"
 
 
+def cpu_id() -> str:
+    """What picks the CPU's kernels, beyond the model name: family, model and stepping, the
+    vector extensions ATen and oneDNN dispatch on (`torch.backends.cpu.get_cpu_capability`,
+    AMX, AVX-512 FP16 / BF16) and the per-core L2 that sizes their blocking, e.g. "family 6
+    model 167 stepping 1; AVX512 + amx_tile avx512_bf16 avx512_fp16; L2 2048K". Two hosts that
+    both call themselves "Intel(R) Xeon(R) Processor" ran the same seed bit for bit until one
+    float rounded differently (bench/results/cpu_real.md): a run records which kind it had."""
+    fields, flags = {}, set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            key = key.strip()
+            if key in ("cpu family", "model", "stepping") and key not in fields:
+                fields[key] = value.strip()
+            elif key == "flags" and not flags:
+                flags = set(value.split())
+    except OSError:
+        pass
+    try:
+        l2 = Path("/sys/devices/system/cpu/cpu0/cache/index2/size").read_text().strip()
+    except OSError:
+        l2 = "?"
+    model = " ".join(f"{k.split()[-1]} {fields[k]}" for k in ("cpu family", "model", "stepping") if k in fields)
+    extra = " ".join(sorted(flags & {"amx_tile", "avx512_bf16", "avx512_fp16"}))
+    isa = torch.backends.cpu.get_cpu_capability() + (f" + {extra}" if extra else "")
+    return "; ".join(part for part in (model or platform.machine(), isa, f"L2 {l2}") if part)
+
+
 def describe(device: torch.device) -> dict:
     """Versions and device for the report (issue: record torch, CUDA, faiss, device),
     and the host CPU with the threads torch uses."""
     info = {"torch": torch.__version__, "cuda": torch.version.cuda or "none",
             "device": str(device), "cpu": f"{cpu_name()}, {torch.get_num_threads()} threads",
+            "cpu_id": cpu_id(),
             "precision": precision(device)}
     try:
         import faiss

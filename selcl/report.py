@@ -697,7 +697,9 @@ def build_report(run: list[str], configs: dict[str, dict], runs_dir: Path, table
     if envs:
         md += ["## Environment", "", "| setting | device | host CPU | network passes | torch | CUDA | faiss |",
                "|---|---|---|---|---|---|---|"]
-        md += [f"| {n} | {e.get('gpu', e.get('device'))} | {e.get('cpu', '—')} | {e.get('precision', '—')} "
+        # the host CPU with what picks its kernels (cpu_id; older runs lack it)
+        md += [f"| {n} | {e.get('gpu', e.get('device'))} | {e.get('cpu', '—')}"
+               f"{' (' + e['cpu_id'] + ')' if e.get('cpu_id') else ''} | {e.get('precision', '—')} "
                f"| {e.get('torch')} | {e.get('cuda')} | {e.get('faiss')} |" for n, e in envs.items()]
         md += [""]
     md += ["## Deviations from the paper", "",

@@ -321,6 +321,8 @@ def test_finetune_baseline_is_sel_cl_plus_recipe_on_the_baselines_network(finish
     got2 = json.loads(again.stdout.strip().splitlines()[-1])
     assert got2["ce_then_finetune_on_T_final"] == h2["ce_then_finetune_on_T"][-1]["test_acc"]
     assert set(got2["train_label_fit"]) == {"ce", "ce_then_finetune", "ce_then_finetune_on_T"}
+    from selcl.device import cpu_id, cpu_name
+    assert got2["host"] == f"{cpu_name()}; {cpu_id()}"          # which kind of host gave these numbers
     # what the baseline's network predicts on its training images, against the classifier
     # accuracy of the same network on the wrong- and right-labelled parts (selcl.evaluate)
     from selcl.evaluate import test_accuracy

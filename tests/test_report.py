@@ -268,6 +268,30 @@ def test_the_environment_names_the_host_cpu_and_its_threads():
     assert cpu_name() not in ("", "unknown")
 
 
+def test_the_environment_tells_hosts_of_one_model_name_apart(tmp_path, monkeypatch):
+    """Two hosts both named "Intel(R) Xeon(R) Processor" round one float differently: the
+    run records family / model / stepping, the kernels' ISA and the L2, and the report shows it."""
+    import torch
+
+    from selcl.device import cpu_id, describe
+    env = describe(torch.device("cpu"))
+    assert env["cpu_id"] == cpu_id()
+    parts = env["cpu_id"].split("; ")
+    assert len(parts) == 3 and parts[1].startswith(torch.backends.cpu.get_cpu_capability())
+    assert parts[2].startswith("L2 ")
+    if Path("/proc/cpuinfo").exists():
+        assert parts[0].startswith("family ") and " model " in parts[0] and " stepping " in parts[0]
+    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    fake_run(tmp_path / "runs" / "cifar10_sym20", selcl_plus=95.0, ce=80.0)
+    pre = tmp_path / "runs" / "cifar10_sym20" / "pretrain.json"
+    pre.write_text(json.dumps({**json.loads(pre.read_text()), "env": env}))
+    monkeypatch.chdir(tmp_path)
+    build_report(["cifar10_sym20"], {"cifar10_sym20": resolve(params, "cifar10_sym20")}, tmp_path / "runs",
+                 load_tables(ROOT / "references" / "paper_tables.yaml"), tmp_path / "reports", plots_dir=tmp_path / "plots")
+    md = (tmp_path / "reports" / "README.md").read_text()
+    assert f"| cifar10_sym20 | cpu | {env['cpu']} ({env['cpu_id']}) |" in md
+
+
 def test_each_setting_section_states_its_network_images_and_averaging_window():
     """A demo must not read as a paper-scale run: the section names the network, the image
     counts (and what one test image is worth), K, α, β and how many epochs each accuracy
