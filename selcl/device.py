@@ -220,16 +220,22 @@ def faiss_gpu_available() -> bool:
                 and faiss.get_num_gpus() > 0)
 
 
+def _cpuinfo() -> dict[str, str]:
+    """The first processor's fields in /proc/cpuinfo ({} where there is none)."""
+    fields: dict[str, str] = {}
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            fields.setdefault(key.strip(), value.strip())
+    except OSError:
+        pass
+    return fields
+
+
 def cpu_name() -> str:
     """The host CPU's model ("Intel(R) Xeon(R) Processor", "AMD EPYC 7B13"): CPU timings
     differ ~1.6x between this project's 2-core hosts, so a time needs its host."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "unknown"
+    return _cpuinfo().get("model name") or platform.processor() or platform.machine() or "unknown"
 
 
 def cpu_id() -> str:
@@ -239,17 +245,8 @@ def cpu_id() -> str:
     model 167 stepping 1; AVX512 + amx_tile avx512_bf16 avx512_fp16; L2 2048K". Two hosts that
     both call themselves "Intel(R) Xeon(R) Processor" ran the same seed bit for bit until one
     float rounded differently (bench/results/cpu_real.md): a run records which kind it had."""
-    fields, flags = {}, set()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            key, _, value = line.partition(":")
-            key = key.strip()
-            if key in ("cpu family", "model", "stepping") and key not in fields:
-                fields[key] = value.strip()
-            elif key == "flags" and not flags:
-                flags = set(value.split())
-    except OSError:
-        pass
+    fields = _cpuinfo()
+    flags = set(fields.get("flags", "").split())
     try:
         l2 = Path("/sys/devices/system/cpu/cpu0/cache/index2/size").read_text().strip()
     except OSError:
