@@ -31,12 +31,17 @@ and epochs) on every example with its noisy labels: a two-stage baseline with no
 Sel-CL in it. `--save-baseline FILE` writes the baseline's network and history, and
 `--baseline-from FILE` reads it back instead of training the baseline (e.g. to fine-tune it
 again with `--set finetune.bootstrap=0`). `--finetune-baseline-on-T` fine-tunes the same network
-on the pre-training's final T instead (start crossed with fine-tuning set):
+on the pre-training's final T instead (start crossed with fine-tuning set), and
+`--finetune-baseline-on-own-T` on a T that Sel-CL's selection (SPEC §5: the preset's K, α, β)
+picks from the baseline network's own backbone features: Sel-CL's selection and fine-tune
+without its contrastive pre-training (it needs none, so it runs with `--ce-only` too):
 
     python bench/parity_runs.py --setting cpu_cifar10_asym40 --path c10.tar.gz --set model.seed=1 \\
         --set baseline.mixup_alpha=1 --ce-only --finetune-baseline
     python bench/parity_runs.py --setting cpu_cifar10_sym50 --path c10.tar.gz --set model.seed=2 \\
         --pretrained selcl-seed2.pt --no-finetune --baseline-from mixup-seed2.pt --finetune-baseline-on-T
+    python bench/parity_runs.py --setting cpu_cifar10_asym40 --path c10.tar.gz --set model.seed=1 \\
+        --set baseline.mixup_alpha=1 --ce-only --baseline-from mixup-seed1.pt --finetune-baseline-on-own-T
 """
 from __future__ import annotations
 
@@ -117,6 +122,10 @@ def main() -> None:
     ap.add_argument("--finetune-baseline-on-T", action="store_true",
                     help="also fine-tune the CE baseline's network with Sel-CL+'s recipe on the pre-training's "
                          "final T (its given labels): the baseline's start with Sel-CL's fine-tuning set")
+    ap.add_argument("--finetune-baseline-on-own-T", action="store_true",
+                    help="also select T with Sel-CL's selection (the preset's K, alpha, beta) on the CE "
+                         "baseline network's own backbone features and fine-tune that network on it with "
+                         "Sel-CL+'s recipe: Sel-CL's selection and fine-tune, no contrastive pre-training")
     ap.add_argument("--save-baseline", default=None, metavar="FILE",
                     help="write the CE baseline's network and history to FILE")
     ap.add_argument("--baseline-from", default=None, metavar="FILE",
@@ -130,9 +139,9 @@ def main() -> None:
     args = ap.parse_args()
     if args.no_finetune and not (args.from_run or args.rev or args.pretrained):
         ap.error("--no-finetune needs --from-run, --rev or --pretrained (a run that has its fine-tune)")
-    if args.no_ce and (args.finetune_baseline or args.finetune_baseline_on_T or args.save_baseline
-                       or args.baseline_from):
-        ap.error("--finetune-baseline(-on-T), --save-baseline and --baseline-from need the CE baseline: "
+    if args.no_ce and (args.finetune_baseline or args.finetune_baseline_on_T or args.finetune_baseline_on_own_T
+                       or args.save_baseline or args.baseline_from):
+        ap.error("--finetune-baseline(-on-T, -on-own-T), --save-baseline and --baseline-from need the CE baseline: "
                  "not with --no-ce")
     if args.ce_only and (args.no_ce or args.from_run or args.rev or args.pretrained or args.oracles is not None
                          or args.swap or args.save_pretrain or args.finetune_baseline_on_T):
@@ -239,6 +248,24 @@ def main() -> None:
     ce_ft_T = (finetune(cfg, data, {"model": ce["model"], "examples": final_T(pre)}, dev,
                         ck("baseline_finetune_T")) if args.finetune_baseline_on_T else None)
     t_ce_ft_T = time.perf_counter() - t2
+    # Sel-CL's selection without its pre-training: the final selection (§5, the preset's K, α,
+    # β, vote weighting and pseudo-labels; seeded as the pre-training's last epoch) run on the
+    # baseline network's backbone features, then the same fine-tune on that T. Backbone, not z:
+    # the CE baseline never trains the projection head, so its z is a random projection.
+    t3 = time.perf_counter()
+    ce_ft_own, own_T = None, {}
+    if args.finetune_baseline_on_own_T:
+        from selcl.pairs import configured_rule
+        from selcl.train import run_selection
+        pc = cfg["pretrain"]
+        sel = run_selection(None, data, pc, pc["epochs"],
+                            z=backbone_features(trained_network(ce["model"], cfg, data, dev), data, data.x))
+        T_own = configured_rule(sel, data.noisy, data.clean, pc).examples.cpu()
+        own_T = {k: sel.stats.get(k) for k in ("n_selected", "precision_T", "recall_T", "pseudo_label_accuracy")}
+        if pre:                      # how much of it Sel-CL's own final T holds
+            own_T["n_in_selcl_T"] = int((T_own & final_T(pre)).sum())
+        ce_ft_own = finetune(cfg, data, {"model": ce["model"], "examples": T_own}, dev, ck("baseline_finetune_own_T"))
+    t_ce_ft_own = time.perf_counter() - t3
     oracles, oracle_histories, oracle_fits, not_run = {}, {}, {}, {}
 
     def refinetune(name: str, d_, p_) -> float:
@@ -286,7 +313,8 @@ def main() -> None:
     # on the un-augmented training images, split by whether the given label is wrong.
     fits = {name: label_fit(r["model"], cfg, data, dev)
             for name, r in {"selcl_plus": ft, "ce": ce, "ce_then_finetune": ce_ft,
-                            "ce_then_finetune_on_T": ce_ft_T}.items() if r is not None}
+                            "ce_then_finetune_on_T": ce_ft_T, "ce_then_finetune_on_own_T": ce_ft_own}.items()
+            if r is not None}
     last = pre["history"][-1] if pre else {}
     try:                             # the host (two of one model name can round one float apart)
         from selcl.device import cpu_id, cpu_name
@@ -297,6 +325,7 @@ def main() -> None:
     s_ce = summarise(ce["history"], cfg["baseline"]["eval_last"]) if ce else {}
     s_ce_ft = summarise(ce_ft["history"], cfg["finetune"]["eval_last"]) if ce_ft else {}
     s_ce_ft_T = summarise(ce_ft_T["history"], cfg["finetune"]["eval_last"]) if ce_ft_T else {}
+    s_ce_ft_own = summarise(ce_ft_own["history"], cfg["finetune"]["eval_last"]) if ce_ft_own else {}
     print(json.dumps({
         "label": args.label, "setting": args.setting, "host": host, "n_train": int(data.n),
         "realised_noise": float((data.noisy != data.clean).float().mean()),
@@ -309,7 +338,10 @@ def main() -> None:
         "ce_then_finetune_mean_last": s_ce_ft.get("test_acc_mean_last"),
         "ce_then_finetune_final": s_ce_ft.get("test_acc_last"),
         "ce_then_finetune_on_T_mean_last": s_ce_ft_T.get("test_acc_mean_last"),
-        "ce_then_finetune_on_T_final": s_ce_ft_T.get("test_acc_last"), "encoder_knn_top1": enc_knn,
+        "ce_then_finetune_on_T_final": s_ce_ft_T.get("test_acc_last"),
+        "ce_then_finetune_on_own_T_mean_last": s_ce_ft_own.get("test_acc_mean_last"),
+        "ce_then_finetune_on_own_T_final": s_ce_ft_own.get("test_acc_last"), "baseline_own_T": own_T,
+        "encoder_knn_top1": enc_knn,
         "train_label_fit": {**fits, **oracle_fits}, "finetune_oracles": oracles,
         "oracles_not_run": not_run, "swap": swaps,
         "n_T": last.get("n_selected"), "precision_T": last.get("precision_T"), "recall_T": last.get("recall_T"),
@@ -317,13 +349,15 @@ def main() -> None:
         "precision_T_by_epoch": [round(h["precision_T"], 3) for h in (pre["history"] if pre else []) if "precision_T" in h],
         "seconds": {"warmup+pretrain": round(t_pre), "finetune": round(t_ft), "ce": round(t_ce),
                     **({"ce_then_finetune": round(t_ce_ft)} if ce_ft else {}),
-                    **({"ce_then_finetune_on_T": round(t_ce_ft_T)} if ce_ft_T else {})}}), flush=True)
+                    **({"ce_then_finetune_on_T": round(t_ce_ft_T)} if ce_ft_T else {}),
+                    **({"ce_then_finetune_on_own_T": round(t_ce_ft_own)} if ce_ft_own else {})}}), flush=True)
     if args.history:
         Path(args.history).write_text(json.dumps({
             "cfg": cfg, "warmup": warm["history"] if warm else None, "pretrain": pre["history"] if pre else None,
             "finetune": ft["history"] if ft else None, "ce": ce["history"] if ce else None,
             "ce_then_finetune": ce_ft["history"] if ce_ft else None,
             "ce_then_finetune_on_T": ce_ft_T["history"] if ce_ft_T else None,
+            "ce_then_finetune_on_own_T": ce_ft_own["history"] if ce_ft_own else None,
             "oracles": oracle_histories}, default=float))
 
 
@@ -377,20 +411,23 @@ def label_fit(state: dict, cfg: dict, data, dev) -> dict:
 
 def encoder_knn(state: dict, cfg: dict, data, dev) -> float:
     """Top-1 weighted k-NN accuracy of the backbone's features (clean training labels)."""
+    from selcl.evaluate import weighted_knn_accuracy
+    model = trained_network(state, cfg, data, dev)
+    k = min(cfg["evaluate"]["k"], data.n)
+    return weighted_knn_accuracy(backbone_features(model, data, data.x), data.clean,
+                                 backbone_features(model, data, data.x_test), data.y_test, data.num_classes,
+                                 k=k, sigma=cfg["evaluate"]["sigma"])["top1"]
+
+
+def backbone_features(model, data, x):
+    """The backbone's output (L2-normalised) on un-augmented images, eval mode."""
     import torch
     import torch.nn.functional as F
 
     from selcl import augment
-    from selcl.evaluate import weighted_knn_accuracy
-    model = trained_network(state, cfg, data, dev)
-
-    @torch.no_grad()
-    def feats(x):
-        return torch.cat([F.normalize(model.encode(augment.eval_view(x[i:i + 1024], data.mean, data.std, data.crop)), dim=1)
-                          for i in range(0, len(x), 1024)])
-    k = min(cfg["evaluate"]["k"], data.n)
-    return weighted_knn_accuracy(feats(data.x), data.clean, feats(data.x_test), data.y_test, data.num_classes,
-                                 k=k, sigma=cfg["evaluate"]["sigma"])["top1"]
+    with torch.no_grad():
+        return torch.cat([F.normalize(model.encode(augment.eval_view(x[i:i + 1024], data.mean, data.std, data.crop)),
+                                      dim=1) for i in range(0, len(x), 1024)])
 
 
 if __name__ == "__main__":

@@ -338,8 +338,63 @@ def test_finetune_baseline_is_sel_cl_plus_recipe_on_the_baselines_network(finish
     assert fit["right_as_given"] == pytest.approx(acc(~wrong, data.noisy), abs=1e-9)
 
 
+def test_finetune_baseline_on_own_T_selects_on_the_baselines_features(finished_run, tmp_path):
+    """--finetune-baseline-on-own-T (with --ce-only: no pre-training): §5's selection with
+    the setting's K, α, β on the baseline network's L2-normalised backbone features, then
+    Sel-CL+'s fine-tune of that network on the T it picks. The same selection and fine-tune
+    done here from the saved network give the same T and the same per-epoch losses."""
+    import numpy as np
+    import torch.nn.functional as F
+
+    from selcl import augment
+    from selcl.checkpoint import Checkpointer
+    from selcl.config import load_params, resolve
+    from selcl.pairs import configured_rule
+    from selcl.selection import select
+    from selcl.train import TrainData, finetune, make_model
+    saved, hist = tmp_path / "baseline.pt", tmp_path / "h.json"
+    env = stage_env(SELCL_THREADS="1", PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    out = subprocess.run([PYTHON, str(ROOT / "bench" / "parity_runs.py"), "--root", str(finished_run),
+                          "--setting", SETTING, "--ce-only", "--save-baseline", str(saved),
+                          "--finetune-baseline-on-own-T", "--history", str(hist)],
+                         cwd=finished_run, env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    got, h = json.loads(out.stdout.strip().splitlines()[-1]), json.loads(hist.read_text())
+    assert h["pretrain"] is None and h["finetune"] is None and h["ce_then_finetune_on_T"] is None
+    assert len(h["ce_then_finetune_on_own_T"]) == TINY["finetune"]["epochs"]
+    assert got["ce_then_finetune_on_own_T_final"] == h["ce_then_finetune_on_own_T"][-1]["test_acc"]
+    assert "ce_then_finetune_on_own_T" in got["train_label_fit"] and "n_in_selcl_T" not in got["baseline_own_T"]
+    cfg = resolve(load_params(finished_run / "params.yaml"), SETTING)
+    pc = cfg["pretrain"]
+    data = TrainData.load(finished_run / "runs" / SETTING, torch.device("cpu"))
+    model = make_model(cfg["model"], data.num_classes, torch.device("cpu"))
+    model.load_state_dict(torch.load(saved, weights_only=False)["model"])
+    model.eval()
+    with torch.no_grad():
+        feats = F.normalize(model.encode(augment.eval_view(data.x, data.mean, data.std, data.crop)), dim=1)
+    sel = select(feats, data.noisy, data.num_classes, k=pc["k"], alpha=pc["alpha"], beta=pc["beta"],
+                 weighting=pc["knn_weighting"], seed=pc["epochs"], clean_labels=data.clean,
+                 pseudo_labels=pc["pseudo_labels"])
+    T = configured_rule(sel, data.noisy, data.clean, pc).examples
+    assert 0 < int(T.sum()) < data.n
+    assert got["baseline_own_T"]["n_selected"] == int(T.sum())
+    assert got["baseline_own_T"]["precision_T"] == pytest.approx(
+        float((data.noisy == data.clean)[T].double().mean()), abs=1e-12)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        r = finetune(cfg, data, {"model": model.state_dict(), "examples": T}, torch.device("cpu"),
+                     Checkpointer(tmp_path / "ft.pt", "own_T", 10_000))
+        every = finetune(cfg, data, {"model": model.state_dict(), "examples": np.ones(data.n, dtype=bool)},
+                         torch.device("cpu"), Checkpointer(tmp_path / "ft_every.pt", "every", 10_000))
+    finally:
+        torch.set_num_threads(threads)
+    losses = [e["loss"] for e in h["ce_then_finetune_on_own_T"]]
+    assert losses == [e["loss"] for e in r["history"]] != [e["loss"] for e in every["history"]]
+
+
 def test_finetune_baseline_needs_the_baseline(tmp_path):
-    for flag in ("--finetune-baseline", "--finetune-baseline-on-T"):
+    for flag in ("--finetune-baseline", "--finetune-baseline-on-T", "--finetune-baseline-on-own-T"):
         out = subprocess.run([PYTHON, str(ROOT / "bench" / "parity_runs.py"), "--setting", "demo_asym40",
                               "--no-ce", flag], cwd=tmp_path, env=stage_env(), capture_output=True, text=True)
         assert out.returncode == 2 and "need the CE baseline" in out.stderr
