@@ -40,3 +40,22 @@ def test_make_in_the_container_uses_the_image_environment():
                              check=True).stdout
         assert "/opt/venv/bin/" in out and ".venv" not in out.replace("/opt/venv", ""), out
         assert "pip install" not in out, out
+
+
+def test_run_sh_passes_the_hosts_selcl_switches_into_the_container(tmp_path):
+    """SELCL_NPROC=4 docker/run.sh dvc repro must reach torchrun inside: run.sh forwards
+    every SELCL_* switch set on the host (by name, `-e VAR`), but not its own SELCL_IMAGE /
+    SELCL_GPUS, nor SELCL_CONTAINER, which the image sets."""
+    import os
+    import subprocess
+    fake = tmp_path / "docker"
+    fake.write_text('#!/bin/sh\nfor a in "$@"; do echo "$a"; done\n')
+    fake.chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SELCL_")}
+    env.update(PATH=f"{tmp_path}:{env['PATH']}", SELCL_NPROC="4", SELCL_COMPILE="0",
+               SELCL_IMAGE="myimage", SELCL_GPUS="device=1", SELCL_CONTAINER="1")
+    args = subprocess.run(["bash", str(ROOT / "docker" / "run.sh"), "dvc", "repro"], env=env,
+                          capture_output=True, text=True, check=True).stdout.split("\n")
+    passed = {args[i + 1] for i, a in enumerate(args) if a == "-e"}
+    assert passed == {"CUDA_VISIBLE_DEVICES", "SELCL_NPROC", "SELCL_COMPILE"}, args
+    assert "myimage" in args and "device=1" in args and args[-3:-1] == ["dvc", "repro"]
