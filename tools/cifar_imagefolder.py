@@ -29,6 +29,8 @@ import sys
 import tarfile
 from pathlib import Path
 
+import numpy as np
+
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
@@ -76,7 +78,7 @@ def write_archive(x_train, y_train, x_test, y_test, classes, out, quality: int =
             tqdm(total=total, desc=f"writing {Path(out).name}", unit="img", disable=not progress) as bar:
         for split, x, y in (("test", x_test, y_test), ("train", x_train, y_train)):
             _add(tar, f"{split}/", None)
-            per_class = [[i for i in range(len(y)) if int(y[i]) == c] for c in range(len(names))]
+            per_class = [np.flatnonzero(np.asarray(y) == c) for c in range(len(names))]
             width = max(4, len(str(max(len(p) for p in per_class) - 1)))
             for c, idx in enumerate(per_class):
                 _add(tar, f"{split}/{names[c]}/", None)
