@@ -3,6 +3,7 @@ The archive read back with the pipeline's own loader gives the same classes, lab
 per-class order, and images within JPEG error; a subset keeps the same images."""
 import gzip
 import hashlib
+import io
 import sys
 import tarfile
 from pathlib import Path
@@ -75,7 +76,7 @@ def test_archive_reads_back_as_the_same_dataset(cifar):
     assert np.abs(sub.x_train.astype(int) - ref.x_train[order].astype(int)).mean() < 2.0
 
 
-def test_archive_is_deterministic_and_jpeg_quality_75(cifar, tmp_path):
+def test_archive_is_deterministic_and_jpeg_quality_75(cifar):
     from PIL import Image
     tmp, x, y, xt, yt = cifar
     a, b = tmp / "a.tar.gz", tmp / "b.tar.gz"
@@ -88,7 +89,6 @@ def test_archive_is_deterministic_and_jpeg_quality_75(cifar, tmp_path):
         im = Image.open(tar.extractfile(m))
         im.load()
     ref = Image.new("RGB", (32, 32))
-    import io
     buf = io.BytesIO()
     ref.save(buf, "JPEG", quality=75)
     assert im.quantization == Image.open(io.BytesIO(buf.getvalue())).quantization
