@@ -253,13 +253,13 @@ def main() -> None:
     # baseline network's backbone features, then the same fine-tune on that T. Backbone, not z:
     # the CE baseline never trains the projection head, so its z is a random projection.
     t3 = time.perf_counter()
-    ce_ft_own, own_T = None, {}
+    ce_ft_own, own_T, ce_train_z = None, {}, None
     if args.finetune_baseline_on_own_T:
         from selcl.pairs import configured_rule
         from selcl.train import run_selection
         pc = cfg["pretrain"]
-        sel = run_selection(None, data, pc, pc["epochs"],
-                            z=backbone_features(trained_network(ce["model"], cfg, data, dev), data, data.x))
+        ce_train_z = backbone_features(trained_network(ce["model"], cfg, data, dev), data, data.x)
+        sel = run_selection(None, data, pc, pc["epochs"], z=ce_train_z)
         T_own = configured_rule(sel, data.noisy, data.clean, pc).examples.cpu()
         own_T = {k: sel.stats.get(k) for k in ("n_selected", "precision_T", "recall_T", "pseudo_label_accuracy")}
         if pre:                      # how much of it Sel-CL's own final T holds
@@ -308,7 +308,7 @@ def main() -> None:
     # (backbone output, L2-normalised): Sel-CL's pre-trained encoder against the CE network's.
     enc_knn = {"selcl": encoder_knn(pre["model"], cfg, data, dev)} if pre else {}
     if ce is not None:
-        enc_knn["ce"] = encoder_knn(ce["model"], cfg, data, dev)
+        enc_knn["ce"] = encoder_knn(ce["model"], cfg, data, dev, train_z=ce_train_z)  # own T's, not again
     # How much of the noisy labels each trained network fits (memorisation): its predictions
     # on the un-augmented training images, split by whether the given label is wrong.
     fits = {name: label_fit(r["model"], cfg, data, dev)
@@ -409,12 +409,15 @@ def label_fit(state: dict, cfg: dict, data, dev) -> dict:
             "right_as_given": frac(pred == given, ~wrong), "n_wrong": int(wrong.sum())}
 
 
-def encoder_knn(state: dict, cfg: dict, data, dev) -> float:
-    """Top-1 weighted k-NN accuracy of the backbone's features (clean training labels)."""
+def encoder_knn(state: dict, cfg: dict, data, dev, train_z=None) -> float:
+    """Top-1 weighted k-NN accuracy of the backbone's features (clean training labels);
+    `train_z`: the training images' features when already computed from this state."""
     from selcl.evaluate import weighted_knn_accuracy
     model = trained_network(state, cfg, data, dev)
     k = min(cfg["evaluate"]["k"], data.n)
-    return weighted_knn_accuracy(backbone_features(model, data, data.x), data.clean,
+    if train_z is None:
+        train_z = backbone_features(model, data, data.x)
+    return weighted_knn_accuracy(train_z, data.clean,
                                  backbone_features(model, data, data.x_test), data.y_test, data.num_classes,
                                  k=k, sigma=cfg["evaluate"]["sigma"])["top1"]
 

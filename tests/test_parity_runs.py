@@ -349,6 +349,7 @@ def test_finetune_baseline_on_own_T_selects_on_the_baselines_features(finished_r
     from selcl import augment
     from selcl.checkpoint import Checkpointer
     from selcl.config import load_params, resolve
+    from selcl.evaluate import weighted_knn_accuracy
     from selcl.pairs import configured_rule
     from selcl.selection import select
     from selcl.train import TrainData, finetune, make_model
@@ -380,6 +381,13 @@ def test_finetune_baseline_on_own_T_selects_on_the_baselines_features(finished_r
     assert got["baseline_own_T"]["n_selected"] == int(T.sum())
     assert got["baseline_own_T"]["precision_T"] == pytest.approx(
         float((data.noisy == data.clean)[T].double().mean()), abs=1e-12)
+    # the baseline's k-NN reuses the features the selection ran on: the same as computed here
+    with torch.no_grad():
+        feats_test = F.normalize(model.encode(augment.eval_view(data.x_test, data.mean, data.std, data.crop)), dim=1)
+    ev = cfg["evaluate"]
+    assert got["encoder_knn_top1"]["ce"] == pytest.approx(weighted_knn_accuracy(
+        feats, data.clean, feats_test, data.y_test, data.num_classes, k=min(ev["k"], data.n),
+        sigma=ev["sigma"])["top1"], abs=1e-9)
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
