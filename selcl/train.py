@@ -367,16 +367,21 @@ class Pretrainer:
         """The same for the EMA network, without gradient (BatchNorm: batch statistics)."""
         return self._forward(self.ema_net, self.ema.model, parts)
 
-    def _forward(self, net, model, parts: list):
+    def _forward(self, net, model, parts: list) -> tuple[list, list]:
+        """Per part, its embeddings z and its logits (float32). Per part, not concatenated:
+        on the CPU's call per view a loss that reads some parts (L_SIM: the mixed views)
+        then back-propagates through their calls only; a slice of a concatenation would
+        run the other calls' backward too, on zero gradients (an eighth of a step's
+        convolution backward, for the same bits)."""
         device = parts[0].device
         if len(parts) > 1 and self.split_views:
             with autocast(device):
                 outs = [net(p) for p in parts]
-            z, logits = torch.cat([o[0] for o in outs]), torch.cat([o[1] for o in outs])
-        else:
-            with autocast(device), bn_groups(model, len(parts)):
-                z, logits = net(torch.cat(parts) if len(parts) > 1 else parts[0])
-        return z.float(), logits.float()
+            return [o[0].float() for o in outs], [o[1].float() for o in outs]
+        with autocast(device), bn_groups(model, len(parts)):
+            z, logits = net(torch.cat(parts) if len(parts) > 1 else parts[0])
+        sizes = [p.shape[0] for p in parts]
+        return list(z.float().split(sizes)), list(logits.float().split(sizes))
 
     def _remember(self, z_ema_mix: torch.Tensor, p_ema_mix: torch.Tensor, idx: torch.Tensor) -> None:
         # Queue and memory get the whole global batch, in rank order, on every rank.
@@ -389,12 +394,12 @@ class Pretrainer:
         v1, v2 = _views(data.x[idx], self.g, data, n=2)
         (lam1, p1), (lam2, p2) = self.mixup(B, device), self.mixup(B, device)
         m1, m2 = losses.mix(v1, lam1, p1), losses.mix(v2, lam2, p2)
-        q, _ = self._online([v1])
-        zk, logits_k = self._ema([v2, m1, m2])
-        loss = losses.moco_loss(q, zk[:B], self.queue.keys, self.uns_temperature)
+        (q,), _ = self._online([v1])
+        (k, *zk_mix), (_, *logits_k_mix) = self._ema([v2, m1, m2])
+        loss = losses.moco_loss(q, k, self.queue.keys, self.uns_temperature)
         self._apply(loss)
-        self.queue.enqueue(dist.gather(zk[:B]))
-        self._remember(zk[B:], logits_k[B:].softmax(1), idx)
+        self.queue.enqueue(dist.gather(k))
+        self._remember(torch.cat(zk_mix), torch.cat(logits_k_mix).softmax(1), idx)
         return {"loss": loss.detach()}
 
     def step(self, data: "TrainData", idx: torch.Tensor, rule, T_idx: torch.Tensor,
@@ -426,11 +431,11 @@ class Pretrainer:
         partner_rows = torch.cat([p1, p2 + B])
         # EMA: un-mixed v2 (the MoCo key), mixed view 1, mixed view 2 (no gradient; its own
         # BatchNorm statistics, so its place among the online calls changes nothing).
-        zk, logits_k = self._ema([v2, m1, m2])
+        (k, *zk_mix), (_, *logits_k_mix) = self._ema([v2, m1, m2])
         # k is read after the L_SIM recompute pass, whose backward ends a CUDA-graph
         # generation: the EMA graph's output buffer may then be reused (seen on an H200),
         # so k gets memory of its own (B×d, nothing next to a step).
-        k, z_ema_mix, p_ema_mix = zk[:B].clone(), zk[B:], logits_k[B:].softmax(1)
+        k, z_ema_mix, p_ema_mix = k.clone(), torch.cat(zk_mix), torch.cat(logits_k_mix).softmax(1)
         self._remember(z_ema_mix, p_ema_mix, idx)           # (3) the memory holds the current batch
         g_sim = None
         if use_sim and self.sim_recompute:
@@ -440,7 +445,7 @@ class Pretrainer:
             # graph below up to float rounding; BatchNorm running statistics untouched.
             with frozen_bn_statistics(self.model):      # restored after this pass's backward
                 _, logits_s = self._online([m1, m2])
-                p_s = logits_s.softmax(1)
+                p_s = torch.cat(logits_s).softmax(1)
                 batch_s, memory_s = self._candidates(None, p_s, anchor_ids, read_memory)
                 l_sim_s = losses.selective_losses(None, p_s, None, lam, anchor_ids, partner_rows, rule.in_G,
                                                   batch_s, memory_s, pc["temperature"])["l_sim"]
@@ -450,10 +455,11 @@ class Pretrainer:
         # Online: v1 (for u_i), mixed view 1, mixed view 2 in one call, then the two L_CLS
         # views in another (the authors' order of BatchNorm updates). Two calls, not one:
         # the separate gradient of L_SIM then only runs back through the first (3B rows).
-        z, logits = self._online([v1, m1, m2])
+        (q, *z_mix), (_, *logits_mix) = self._online([v1, m1, m2])
         if use_cls:
             _, logits_cls = self._online([losses.mix(c1, lc1, pc1), losses.mix(c2, lc2, pc2)])
-        q, z_mix, logits_mix = z[:B], z[B:], logits[B:]
+            logits_cls = torch.cat(logits_cls)
+        z_mix, logits_mix = torch.cat(z_mix), torch.cat(logits_mix)
         # (1), with the queue as it was before this batch
         u = losses.moco_loss(q, k, self.queue.keys, self.uns_temperature, reduction="none")
         p_mix = logits_mix.softmax(1)
