@@ -2,7 +2,8 @@
 
 Same network, batch size and device. The Sel-CL step (SPEC §10.2) does 8 view
 forwards (online: view 1 and the two mixed views; EMA: view 2 and the two mixed views; the
-L_CLS batch's two views), their backward, L_SIM's separate backward over the online views,
+L_CLS batch's two views), their backward, L_SIM's separate backward (through the two mixed
+views' calls on the CPU, the three online views' one call on CUDA),
 and the selective contrastive loss over batch + memory; the CE step does one weakly augmented
 pass. Both include their augmentation and the optimiser step.
 
