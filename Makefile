@@ -40,10 +40,11 @@ paper: $(STAMP)
 ## Two workers, one per core of the 2-core machines CI runs on: the longest tests wait on
 ## single-threaded DVC subprocesses, so the two halves overlap. `--dist loadfile` keeps
 ## a test file in one worker, so its module fixtures (the demo repository, the trained
-## digits run) are built once. `make test TEST_WORKERS=0` runs it in one process.
+## digits run) are built once; `--no-loadscope-reorder` hands the files out longest first
+## (tests/conftest.py, LONGEST_FIRST). `make test TEST_WORKERS=0` runs it in one process.
 TEST_WORKERS ?= 2
 test: $(STAMP)
-	$(RUN) $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
+	$(RUN) $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 ## CPU-sized benchmarks (on a CUDA machine: bench/gpu.sh path/to/cifar10-jpeg.tar.gz).
 bench: $(STAMP)
