@@ -454,7 +454,8 @@ class Pretrainer:
             del logits_s, p_s, batch_s, memory_s     # a CUDA graph's outputs: dead before it replays
         # Online: v1 (for u_i), mixed view 1, mixed view 2 in one call, then the two L_CLS
         # views in another (the authors' order of BatchNorm updates). Two calls, not one:
-        # the separate gradient of L_SIM then only runs back through the first (3B rows).
+        # the separate gradient of L_SIM then only runs back through the first (3B rows;
+        # on the CPU's call per view, through the mixed views' two calls only, as theirs).
         (q, *z_mix), (_, *logits_mix) = self._online([v1, m1, m2])
         if use_cls:
             _, logits_cls = self._online([losses.mix(c1, lc1, pc1), losses.mix(c2, lc2, pc2)])
