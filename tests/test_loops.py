@@ -139,39 +139,6 @@ def test_every_epoch_sees_every_example_once_the_last_batch_smaller():
     assert loops.steps_per_epoch(50_000, 128) == 391                 # CIFAR: the last step has 80
 
 
-@pytest.mark.parametrize("split,calls", [(True, 7), (False, 3)], ids=["call-per-view", "one-call"])
-def test_each_loss_back_propagates_only_through_the_calls_it_reads(split, calls):
-    """A Sel-CL step's backward passes through the network: with one call per view (the
-    CPU's), L_SIM's separate gradient runs through the two mixed views' calls and the main
-    backward through all five online calls (v1, the two mixed views, the two L_CLS views):
-    7, not 8 (a slice of the concatenated outputs would run view 1's backward on zeros for
-    L_SIM too). With the concatenated views (CUDA's): one call of the three views for
-    each of the two backwards, one for L_CLS: 3."""
-    import numpy as np
-
-    from conftest import random_images_and_net
-    from selcl.memory import KeyQueue, LabelledMemory
-    from selcl.models import EMA
-
-    data, model, gen = random_images_and_net(24, 3)
-    pc = {"mixup": True, "classifier": True, "lambda_cls": 1.0, "sim_loss": True, "lambda_sim": 1.0,
-          "memory": True, "temperature": 0.1}
-    everyone = type("Rule", (), {"in_G": staticmethod(lambda i, j: torch.ones(len(i), len(j), dtype=torch.bool))})
-    queue = KeyQueue(10, 8)
-    queue.enqueue(torch.nn.functional.normalize(torch.randn(7, 8, generator=gen), dim=1))
-    tr = loops.Pretrainer(model, EMA(model, 0.99), torch.optim.SGD(model.parameters(), lr=0.05), queue,
-                          LabelledMemory(24, 8, 3), gen, np.random.default_rng(0), pc)
-    tr.split_views = split
-    arrivals = []
-
-    def count_backward(module, inputs, out):     # each online call's features: one gradient arrival
-        if out.requires_grad:
-            out.register_hook(arrivals.append)
-    model.encoder.register_forward_hook(count_backward)
-    tr.step(data, torch.arange(6), everyone, torch.arange(0, 24, 2), read_memory=True)
-    assert len(arrivals) == calls
-
-
 def test_pretraining_steps_through_the_last_smaller_batch(tmp_path, monkeypatch):
     """Warm-up and pre-training take the last batch too: its L_CLS batch has its size (the
     authors' selected-example loader ends with the same short batch), and the memory

@@ -182,6 +182,26 @@ def test_split_views_takes_the_same_step(recompute, replicas):
         torch.testing.assert_close(out_b[k], out_a[k], atol=1e-6, rtol=1e-5)
 
 
+@pytest.mark.parametrize("split, calls", [(True, 7), (False, 3)], ids=["call-per-view", "one-call"])
+def test_each_loss_back_propagates_only_through_the_calls_it_reads(split, calls):
+    """Backward passes through the network per step. One call per view (the CPU's): L_SIM's
+    separate gradient runs through the two mixed views' calls, as in the authors' loop, and
+    the main backward through all five online calls (v1, the mixed views, the L_CLS
+    views): 7, not 8 (a slice of the concatenated outputs would run view 1's backward on
+    zeros for L_SIM too). The concatenated views (CUDA's): the three-view call for each of
+    the two backwards, and the L_CLS call: 3."""
+    tr, data, rule = _setup()
+    tr.split_views = split
+    arrivals = []
+
+    def count_backward(module, inputs, out):     # each online call's features: one gradient arrival
+        if out.requires_grad:
+            out.register_hook(arrivals.append)
+    tr.model.encoder.register_forward_hook(count_backward)
+    _step(tr, data, rule)                       # two steps
+    assert len(arrivals) == 2 * calls
+
+
 def test_split_views_without_per_view_statistics_would_differ(monkeypatch):
     """The comparison above can fail: normalising the concatenated views with one set of
     BatchNorm statistics (no `bn_groups`) gives another step."""
