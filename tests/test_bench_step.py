@@ -64,3 +64,25 @@ def test_step_profiler_records_only_the_steps_asked_for(tmp_path, monkeypatch):
     text = out.read_text()
     assert "Sel-CL steps 2-3" in text and "wall time per step" in text
     assert "aten::convolution" in text                     # the op table
+
+
+def test_each_round_times_both_steps_so_the_ratio_is_taken_within_a_round(monkeypatch):
+    """A host that slows down halfway must not show up in the ratio: each round times the
+    Sel-CL steps and then the CE steps, and the ratio is per round."""
+    clock, ran = [0.0], []
+    slow = [1.0]
+
+    def step(name, cost):
+        def run():
+            ran.append(name)
+            clock[0] += cost * slow[0]
+            if len(ran) == 12:               # after the warm-up and the first round: twice as slow
+                slow[0] = 2.0
+        return run
+
+    monkeypatch.setattr(bench_step.time, "perf_counter", lambda: clock[0])
+    sel, ce = bench_step.interleaved(step("sel", 8.0), step("ce", 1.0), rounds=3, iters=3,
+                                     device=torch.device("cpu"))
+    assert ran == ["sel"] * 3 + ["ce"] * 3 + (["sel"] * 3 + ["ce"] * 3) * 3
+    assert sel == [8.0, 16.0, 16.0] and ce == [1.0, 2.0, 2.0]
+    assert [a / b for a, b in zip(sel, ce)] == [8.0] * 3     # two blocks minutes apart: 16 / 1
