@@ -17,7 +17,6 @@ import argparse
 import os
 import statistics
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -26,11 +25,13 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from selcl.config import load_params, resolve  # noqa: E402
-from selcl.device import cpu_name, precision  # noqa: E402
+from selcl.device import cpu_name  # noqa: E402
 from step import ce_stepper, fake_data, selcl_stepper  # noqa: E402  (bench/step.py)
+from step import interleaved as interleave_steps  # noqa: E402
 from tables import emit  # noqa: E402  (bench/tables.py)
 
 FLAG = "SELCL_CPU_BF16"
+PRECISIONS = ("float32", "bf16 autocast")   # as `selcl.device.precision` names them
 
 
 def _set_bf16(on: bool) -> None:
@@ -41,25 +42,15 @@ def interleaved(step, rounds: int, steps: int) -> dict[str, list[float]]:
     """Seconds per step of `step()` for each precision, one entry per round; every round
     runs float32 first, then bf16, after one untimed step of each (allocator, oneDNN
     primitive cache)."""
-    times = {"float32": [], "bf16 autocast": []}
     before = os.environ.get(FLAG)
     try:
-        for on in (False, True):
-            _set_bf16(on)
-            step()
-        for _ in range(rounds):
-            for on in (False, True):
-                _set_bf16(on)
-                t0 = time.perf_counter()
-                for _ in range(steps):
-                    step()
-                times[precision(torch.device("cpu"))].append((time.perf_counter() - t0) / steps)
+        return interleave_steps({p: step for p in PRECISIONS}, rounds, steps, torch.device("cpu"), warmup=1,
+                                enter=lambda p: _set_bf16(p == PRECISIONS[1]))
     finally:                                  # SELCL_CPU_BF16 as it was found
         if before is None:
             os.environ.pop(FLAG, None)
         else:
             os.environ[FLAG] = before
-    return times
 
 
 def main() -> None:

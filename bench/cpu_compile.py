@@ -31,9 +31,11 @@ import selcl.train as train_mod  # noqa: E402
 from selcl.config import load_params, resolve  # noqa: E402
 from selcl.device import cpu_id, cpu_name  # noqa: E402
 from step import ce_stepper, fake_data, selcl_stepper  # noqa: E402  (bench/step.py)
+from step import interleaved as interleave_steps  # noqa: E402
 from tables import emit  # noqa: E402  (bench/tables.py)
 
 MODES = ("eager", "compiled")
+CPU = torch.device("cpu")
 _compiling = [False]
 
 
@@ -52,18 +54,8 @@ def force_compile(on: bool) -> None:
 def interleaved(steps_by_mode: dict, rounds: int, steps: int) -> dict[str, list[float]]:
     """Seconds per step of each mode's step, one entry per round, every round eager first;
     one untimed step of each mode before the first round."""
-    times = {m: [] for m in steps_by_mode}
-    for mode, step in steps_by_mode.items():
-        force_compile(mode == "compiled")
-        step()
-    for _ in range(rounds):
-        for mode, step in steps_by_mode.items():
-            force_compile(mode == "compiled")
-            t0 = time.perf_counter()
-            for _ in range(steps):
-                step()
-            times[mode].append((time.perf_counter() - t0) / steps)
-    return times
+    return interleave_steps(steps_by_mode, rounds, steps, CPU, warmup=1,
+                            enter=lambda mode: force_compile(mode == "compiled"))
 
 
 def main() -> None:
@@ -78,7 +70,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.one_call:
         os.environ["SELCL_SPLIT_VIEWS"] = "0"
-    device, classes = torch.device("cpu"), 10
+    device, classes = CPU, 10
     cfg = resolve(load_params(ROOT / "params.yaml"), args.setting)
     size, batch_size = 32, cfg["pretrain"]["batch_size"]
     data = fake_data(args.n, classes, size, device)
@@ -93,8 +85,7 @@ def main() -> None:
         ce[mode] = ce_stepper(cfg, data, classes, device, batch, torch.Generator().manual_seed(1))
         ce[mode]()                      # its first step compiles it
         build_s[mode] = time.perf_counter() - t0
-    force_compile(False)
-    try:
+    try:                                # each block sets its mode (interleaved)
         times = {"Sel-CL pre-training step": interleaved(sel, args.rounds, args.steps),
                  "plain CE step": interleaved(ce, args.rounds, args.steps)}
     finally:

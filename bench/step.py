@@ -105,8 +105,8 @@ def ce_stepper(cfg: dict, data: TrainData, num_classes: int, device, batch, gen)
     return ce_step
 
 
-def timed(fn, iters: int, device) -> float:
-    for _ in range(3):                    # warm-up (cuDNN autotune, allocator, compilation)
+def timed(fn, iters: int, device, warmup: int = 3) -> float:
+    for _ in range(warmup):               # warm-up (cuDNN autotune, allocator, compilation)
         fn()
     synchronize(device)
     t0 = time.perf_counter()
@@ -116,24 +116,24 @@ def timed(fn, iters: int, device) -> float:
     return (time.perf_counter() - t0) / iters
 
 
-def interleaved(sel_step, ce_step, rounds: int, iters: int, device) -> tuple[list, list]:
-    """Seconds per step of each, per round: every round times `iters` Sel-CL steps, then
-    `iters` CE steps, after 3 untimed steps of each. A shared host's speed drifts by tens
-    of percent within minutes; a Sel-CL block and a CE block timed minutes apart measure
-    the drift as much as the steps, so the ratio is taken within each round."""
-    for fn in (sel_step, ce_step):
-        for _ in range(3):                # warm-up (cuDNN autotune, allocator, compilation)
+def interleaved(steps: dict, rounds: int, iters: int, device, warmup: int = 3, enter=None) -> dict[str, list[float]]:
+    """Seconds per call of each named step, one entry per round: every round times `iters`
+    calls of each step in turn, `enter(name)` first if given (a mode switch: bench/cpu_bf16.py,
+    bench/cpu_compile.py), after `warmup` untimed calls of each. A shared host's speed drifts
+    by tens of percent within minutes; two blocks timed minutes apart measure the drift as
+    much as the steps, so whatever is compared is compared within each round."""
+    for name, fn in steps.items():
+        if enter:
+            enter(name)
+        for _ in range(warmup):
             fn()
-    out = ([], [])
+    times = {name: [] for name in steps}
     for _ in range(rounds):
-        for fn, times in zip((sel_step, ce_step), out):
-            synchronize(device)
-            t0 = time.perf_counter()
-            for _ in range(iters):
-                fn()
-            synchronize(device)
-            times.append((time.perf_counter() - t0) / iters)
-    return out
+        for name, fn in steps.items():
+            if enter:
+                enter(name)
+            times[name].append(timed(fn, iters, device, warmup=0))
+    return times
 
 
 def flops(fn) -> int:
@@ -179,7 +179,8 @@ def main() -> None:
     batch = lambda: torch.randperm(args.n, generator=gen, device=device)[:args.batch]  # noqa: E731  (distinct, as an epoch)
     sel_step, tr, T_idx = selcl_stepper(cfg, data, args.classes, device, batch)
     ce_step = ce_stepper(cfg, data, args.classes, device, batch, gen)
-    sel_rounds, ce_rounds = interleaved(sel_step, ce_step, args.rounds, args.iters, device)
+    rounds = interleaved({"Sel-CL": sel_step, "CE": ce_step}, args.rounds, args.iters, device)
+    sel_rounds, ce_rounds = rounds["Sel-CL"], rounds["CE"]
     t_sel, t_ce = statistics.median(sel_rounds), statistics.median(ce_rounds)
     ratios = [a / b for a, b in zip(sel_rounds, ce_rounds)]
 

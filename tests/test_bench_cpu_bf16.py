@@ -11,6 +11,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 import cpu_bf16  # noqa: E402
+import step as bench_step  # noqa: E402
 
 from selcl.device import precision  # noqa: E402
 
@@ -24,7 +25,7 @@ def test_rounds_alternate_and_each_time_is_filed_under_its_precision(monkeypatch
         ran.append(precision(torch.device("cpu")))
         clock[0] += 1.0 if ran[-1] == bf16 else 0.25
 
-    monkeypatch.setattr(cpu_bf16.time, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr(bench_step.time, "perf_counter", lambda: clock[0])   # where steps are timed
     times = cpu_bf16.interleaved(step, rounds=3, steps=2)
     assert ran == [f32, bf16] + ([f32] * 2 + [bf16] * 2) * 3        # one untimed step of each first
     assert times == {f32: [0.25] * 3, bf16: [1.0] * 3}              # per step, filed by precision

@@ -10,6 +10,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 import cpu_compile  # noqa: E402
+import step as bench_step  # noqa: E402
 
 import selcl.device as device_mod  # noqa: E402
 import selcl.train as train_mod  # noqa: E402
@@ -30,7 +31,7 @@ def test_rounds_alternate_and_each_time_is_filed_under_its_mode(monkeypatch):
             clock[0] += 0.25 if on else 0.5
         return run
 
-    monkeypatch.setattr(cpu_compile.time, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr(bench_step.time, "perf_counter", lambda: clock[0])   # where steps are timed
     times = cpu_compile.interleaved({"eager": step("eager"), "compiled": step("compiled")}, rounds=3, steps=2)
     assert ran == ["eager", "compiled"] + (["eager"] * 2 + ["compiled"] * 2) * 3   # one untimed step of each first
     assert times == {"eager": [0.5] * 3, "compiled": [0.25] * 3}

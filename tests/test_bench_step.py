@@ -81,8 +81,9 @@ def test_each_round_times_both_steps_so_the_ratio_is_taken_within_a_round(monkey
         return run
 
     monkeypatch.setattr(bench_step.time, "perf_counter", lambda: clock[0])
-    sel, ce = bench_step.interleaved(step("sel", 8.0), step("ce", 1.0), rounds=3, iters=3,
-                                     device=torch.device("cpu"))
+    times = bench_step.interleaved({"sel": step("sel", 8.0), "ce": step("ce", 1.0)}, rounds=3, iters=3,
+                                   device=torch.device("cpu"))
+    sel, ce = times["sel"], times["ce"]
     assert ran == ["sel"] * 3 + ["ce"] * 3 + (["sel"] * 3 + ["ce"] * 3) * 3
     assert sel == [8.0, 16.0, 16.0] and ce == [1.0, 2.0, 2.0]
     assert [a / b for a, b in zip(sel, ce)] == [8.0] * 3     # two blocks minutes apart: 16 / 1
