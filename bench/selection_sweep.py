@@ -7,7 +7,8 @@ after its last epoch, and runs `selcl.selection.select` for every K × α asked 
 precision of T is limited by the encoder or by the selection's settings.
 `--pseudo-labels true false` scores T both ways on the same encoder: against the
 neighbours' pseudo-labels (the method) and against their noisy labels (paper Table 10's
-"without").
+"without"). `--version v1 v2` selects both ways on the same encoder: the SPEC's selection
+(the authors' `utils_noise.py`) and their `utils_noise_v2.py` (`selcl.selection`).
 
 --per-class: also, for the T the run itself ended with (pretrain.pt's `examples`, what
 fine-tuning trained on), |T| and the precision of T by given label, and the true classes
@@ -35,6 +36,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pseudo-labels", nargs="+", choices=["true", "false"], default=None,
                     help="score T against the neighbours' pseudo-labels (true) or noisy labels (false); "
                          "default: the setting's")
+    ap.add_argument("--version", nargs="+", choices=["v1", "v2"], default=None,
+                    help="the selection's version (pretrain.selection_version); default: the setting's")
     ap.add_argument("--params", default=str(ROOT / "params.yaml"))
     ap.add_argument("--per-class", action="store_true", help="the run's own final T class by class")
     args = ap.parse_args(argv)
@@ -55,18 +58,21 @@ def main(argv: list[str] | None = None) -> int:
     z, _ = embed(model, data.x, data.mean, data.std, crop=data.crop)
     print(f"{run}: {data.n} examples, labels {float((data.noisy == data.clean).float().mean()):.3f} right; "
           f"the run used K = {pc['k']}, α = {pc['alpha']}, β = {pc['beta']}")
-    print("| K | α | n_sel | \\|T\\| | precision of T | recall of T | pseudo-labels |")
-    print("|---|---|---|---|---|---|---|")
+    print("| K | α | n_sel | \\|T\\| | precision of T | recall of T | pseudo-labels | version "
+          "| γ | \\|G\\| | precision of G |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     scorings = [v == "true" for v in args.pseudo_labels] if args.pseudo_labels else [pc["pseudo_labels"]]
     for k in args.k:
         for alpha in args.alpha or [pc["alpha"]]:
             for pseudo in scorings:
-                st = select(z, data.noisy, data.num_classes, k=k, alpha=alpha, beta=pc["beta"],
-                            weighting=pc["knn_weighting"], seed=pc["epochs"], clean_labels=data.clean,
-                            pseudo_labels=pseudo).stats
-                print(f"| {k} | {alpha:g} | {int(st['n_per_class'])} | {int(st['n_selected'])} | "
-                      f"{st['precision_T']:.3f} | {st['recall_T']:.3f} | {'with' if pseudo else 'without'} |",
-                      flush=True)
+                for version in args.version or [pc["selection_version"]]:
+                    st = select(z, data.noisy, data.num_classes, k=k, alpha=alpha, beta=pc["beta"],
+                                weighting=pc["knn_weighting"], seed=pc["epochs"], clean_labels=data.clean,
+                                pseudo_labels=pseudo, version=version).stats
+                    print(f"| {k} | {alpha:g} | {int(st['n_per_class'])} | {int(st['n_selected'])} | "
+                          f"{st['precision_T']:.3f} | {st['recall_T']:.3f} | {'with' if pseudo else 'without'} | "
+                          f"{version} | {st['threshold']:.4f} | {int(st['n_pairs'])} | {st['precision_G']:.3f} |",
+                          flush=True)
     if args.per_class:
         from selcl.data import load_arrays
         names = load_arrays(run / "data.npz").classes

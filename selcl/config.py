@@ -98,7 +98,7 @@ SCHEMA: dict[str, dict[str, tuple]] = {
         "memory_start_epoch": (int, _pos), "lambda_cls": (float, _nonneg), "lambda_sim": (float, _nonneg),
         "alpha": (float, _unit), "beta": (float, _unit), "k": (int, _pos),
         "knn_weighting": (str, _choice("uniform", "exp")), "knn_index": (str, _choice("flat", "ivf")),
-        "pseudo_labels": (bool, None),
+        "pseudo_labels": (bool, None), "selection_version": (str, _choice("v1", "v2")),
         "mixup": (bool, None), "memory": (bool, None), "selection": (bool, None),
         "classifier": (bool, None), "sim_loss": (bool, None),
         "selected_sets": (str, _choice("all", "T_G1", "T_G1_G2", "clean_assoc", "clean_all_pairs",

@@ -39,6 +39,13 @@ Where SPEC is silent: {m_c} runs over all `num_classes` classes (a class nobody 
 labelled with has m_c = 0); IVF rows with missing hits (id −1) vote and count with the
 hits they have (q̂ divides by their number).
 
+`version="v2"` (`pretrain.selection_version`, not the SPEC's): the selection of the
+authors' `utils_noise_v2.py`, which their run scripts also run (README "Faithfulness"):
+votes weighted by exp(sim/0.1) in both passes (step 2 and the q̂ and a of steps 3–4), and
+γ (step 7) the β-quantile over V2_PAIRS_PER_MEMBER pairs per member i of T, (i, j) with j
+drawn uniformly, with replacement, from i's class of T (j = i possible): at β = 0 a sample
+minimum. Steps 1, 5, 6, 8 and 9 are v1's.
+
 Similarities that decide membership of G (γ, pair_mask, |G|) are computed with autocast
 off, in float32 on CPU and float64 on CUDA (immune to TF32 flags the training loop may
 have switched on): G does not depend on bf16 / TF32 speed settings.
@@ -163,6 +170,36 @@ def _sample_pairs(sizes: np.ndarray, starts: np.ndarray, m: int, rng: np.random.
     return starts[g] + a, starts[g] + b
 
 
+V2_PAIRS_PER_MEMBER = 500  # v2's γ: random same-class partners drawn per member of T
+
+
+def _v2_pair_population(t_c: np.ndarray, starts: np.ndarray, rng: np.random.Generator):
+    """The pairs v2's γ is the quantile of (the authors' `utils_noise_v2.py`): for each
+    class c, every member of T_c paired V2_PAIRS_PER_MEMBER times with a partner drawn
+    uniformly, with replacement, from T_c itself (so (i, i) can be drawn, sim 1). A
+    class then weighs ∝ |T_c| where G′'s exact population weighs it ∝ |T_c|(|T_c| − 1).
+    Classes with an empty T_c add nothing. Returns positions (int64 numpy) into the
+    array the groups index (class c's T_c: starts[c] .. starts[c] + t_c[c] − 1)."""
+    a, b = [], []
+    for c in np.flatnonzero(t_c >= 1):
+        first = np.tile(np.arange(t_c[c]), V2_PAIRS_PER_MEMBER)
+        a.append(starts[c] + first)
+        b.append(starts[c] + rng.integers(0, t_c[c], size=first.size))
+    if not a:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    return np.concatenate(a).astype(np.int64), np.concatenate(b).astype(np.int64)
+
+
+def _v2_threshold(z, perm, t_c, starts, beta: float, seed: int) -> float:
+    """γ as v2 computes it: the linear β-quantile of sim over `_v2_pair_population`
+    (at β = 0 its sample minimum); +inf when T is empty (no G″ pairs, as v1)."""
+    a, b = _v2_pair_population(t_c, starts, np.random.default_rng([seed, 8]))
+    if a.size == 0:
+        return math.inf
+    a, b = (perm[torch.from_numpy(x).to(z.device)] for x in (a, b))
+    return float(np.quantile(_pair_sims(z, a, b).cpu().numpy(), beta))
+
+
 def class_balanced_count(m_c, alpha: float) -> int:
     """n_sel from the per-class agreement counts {m_c} (SPEC §5.5, amended §10.1), as
     the authors' code computes it: α = 0.5 → the lower median (the ⌈C/2⌉-th smallest,
@@ -201,7 +238,7 @@ def select(features: torch.Tensor, noisy_labels: torch.Tensor, num_classes: int,
            k: int, alpha: float, beta: float, weighting: str = "uniform", seed: int = 0,
            clean_labels: torch.Tensor | None = None, knn_index: str | KnnIndex = "flat",
            pseudo_labels: bool = True, max_pairs: int = 10 ** 6, exact_pairs_max: int = 3 * 10 ** 7,
-           pair_samples: int = 10 ** 7, knn_kwargs: dict | None = None) -> Selection:
+           pair_samples: int = 10 ** 7, knn_kwargs: dict | None = None, version: str = "v1") -> Selection:
     """Sel-CL selection of confident examples T and pairs G (SPEC §5, steps 1–9).
 
     features [N,d] float32 L2-normalised z; noisy_labels [N] int64 ỹ; clean_labels [N]
@@ -217,9 +254,18 @@ def select(features: torch.Tensor, noisy_labels: torch.Tensor, num_classes: int,
     from ≈ `pair_samples` same-label pairs (all pairs of a seeded random subset of anchor
     rows per class; see `_count_pairs`).
     seed seeds every sample (IVF training subsample, γ sample, |G| sample).
+    version: "v1" (SPEC §5, the authors' `utils_noise.py`) or "v2" (their
+    `utils_noise_v2.py`, not the SPEC; see the module's docstring): exp(sim/0.1) votes in
+    both passes (`weighting` is not read) and γ from V2_PAIRS_PER_MEMBER random partners
+    per member of T (see `_v2_pair_population`).
     """
+    if version not in ("v1", "v2"):
+        raise ValueError(f"version must be 'v1' or 'v2', not {version!r}")
+    if version == "v2":
+        weighting = "exp"
     if weighting not in ("uniform", "exp"):
         raise ValueError(f"weighting must be 'uniform' or 'exp', not {weighting!r}")
+    v2 = version == "v2"
     dev = features.device
     n, C = features.shape[0], int(num_classes)
     # own copy of z: pair_mask must not change if the caller reuses its feature buffer
@@ -230,6 +276,7 @@ def select(features: torch.Tensor, noisy_labels: torch.Tensor, num_classes: int,
     # ---- 1+2: k-NN, pass-1 votes per search batch (the [N,K] sims are never kept) ----
     # neighbour ids as int32 (K·N·4 bytes: 50 MB at N=50k, 1 GB at N=10⁶, K=250)
     nbr = torch.empty(n, k, dtype=torch.int32, device=dev) if pseudo_labels else None
+    nbr_w = torch.empty(n, k, dtype=torch.float64, device=dev) if pseudo_labels and v2 else None
     y_hat = torch.empty(n, dtype=torch.long, device=dev)            # ŷ
     loss = torch.empty(n, dtype=torch.float64, device=dev)          # ℓ
     agree = torch.empty(n, dtype=torch.bool, device=dev)            # a
@@ -249,6 +296,8 @@ def select(features: torch.Tensor, noisy_labels: torch.Tensor, num_classes: int,
         y_hat[rows] = votes.argmax(1)                               # first max: lowest id
         if pseudo_labels:                                           # pass 2 reads them
             nbr[rows] = idx_b.to(torch.int32)
+            if v2:                                                  # and v2 its weights
+                nbr_w[rows] = w
         else:   # Table 10 "without": q̂_i = ỹ_i's share of the votes, a_i = [ŷ_i = ỹ_i]
             share = votes.gather(1, y_noisy[rows, None]).squeeze(1).double() / votes.sum(1).double()
             loss[rows] = -torch.log(share.nan_to_num(0.0).clamp(*Q_CLAMP))
@@ -258,13 +307,19 @@ def select(features: torch.Tensor, noisy_labels: torch.Tensor, num_classes: int,
     for s in range(0, n, ROW_BATCH) if pseudo_labels else ():
         nb = nbr[s:s + ROW_BATCH].long()
         valid = nb >= 0
-        counts = torch.zeros(nb.shape[0], C, dtype=torch.int32, device=dev)
-        counts.scatter_add_(1, y_hat[nb.clamp_min(0)], valid.to(torch.int32))  # K·q̂_i(c)
+        if v2:      # v2: q̂_i(c) = the exp(sim/0.1)-weighted share of the votes for c
+            counts = torch.zeros(nb.shape[0], C, dtype=torch.float64, device=dev)
+            counts.scatter_add_(1, y_hat[nb.clamp_min(0)], nbr_w[s:s + ROW_BATCH])
+            total = counts.sum(1).clamp_min(torch.finfo(torch.float64).tiny)  # 0 only with no hits
+        else:
+            counts = torch.zeros(nb.shape[0], C, dtype=torch.int32, device=dev)
+            counts.scatter_add_(1, y_hat[nb.clamp_min(0)], valid.to(torch.int32))  # K·q̂_i(c)
+            total = valid.sum(1).clamp_min(1)
         own = y_noisy[s:s + ROW_BATCH]
-        q_own = counts.gather(1, own[:, None]).squeeze(1).double() / valid.sum(1).clamp_min(1)
+        q_own = counts.gather(1, own[:, None]).squeeze(1).double() / total
         loss[s:s + ROW_BATCH] = -torch.log(q_own.clamp(*Q_CLAMP))
         agree[s:s + ROW_BATCH] = counts.argmax(1) == own            # argmax ties → lowest id
-    del nbr
+    del nbr, nbr_w
 
     # ---- 5: class-balanced count n_sel ----
     m_c = torch.bincount(y_noisy[agree], minlength=C)[:C]           # m_c over all C classes
@@ -284,7 +339,9 @@ def select(features: torch.Tensor, noisy_labels: torch.Tensor, num_classes: int,
     t_c = torch.clamp(n_c, max=n_sel).cpu().numpy()                  # |T ∩ {ỹ=c}|
     start_np = start_c.cpu().numpy()
     n_gprime = int((t_c * (t_c - 1)).sum())                          # |G′| (ordered)
-    if n_gprime == 0:
+    if v2:                          # v2: quantile of the sampled population, β = 0 included
+        gamma, gamma_sampled = _v2_threshold(z, perm, t_c, start_np, beta, seed), True
+    elif n_gprime == 0:
         gamma, gamma_sampled = math.inf, False                      # documented: no G″
     elif beta in (0.0, 1.0):                                         # exact min / max of G′
         blocks = ((perm[start_np[c]:start_np[c] + t_c[c]]) for c in np.flatnonzero(t_c >= 2))

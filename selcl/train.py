@@ -312,7 +312,8 @@ def run_selection(model, data: TrainData, pc: dict, epoch: int, z=None) -> Selec
         z, _ = embed(model, data.x, data.mean, data.std, crop=data.crop)
     return select(z, data.noisy, data.num_classes, k=pc["k"], alpha=pc["alpha"], beta=pc["beta"],
                   weighting=pc["knn_weighting"], seed=epoch, clean_labels=data.clean,
-                  knn_index=knn_index_for(z.device, pc["knn_index"]), pseudo_labels=pc["pseudo_labels"])
+                  knn_index=knn_index_for(z.device, pc["knn_index"]), pseudo_labels=pc["pseudo_labels"],
+                  version=pc["selection_version"])
 
 
 def _selection_log(sel: Selection) -> dict:

@@ -423,3 +423,88 @@ def test_extreme_beta_is_exact_over_large_G_prime(beta, max_pairs):
     runner_up = float(runner_up.min() if beta == 0.0 else runner_up.max())
     assert abs(runner_up - exact) > 1e-4                              # a sample's extreme would be this
     assert sel.threshold == pytest.approx(exact, abs=1e-6)
+
+
+# ------------------------------------------------------- v2 (the authors' utils_noise_v2.py)
+
+def reference_select_v2(name, k, alpha, beta, seed):
+    """The authors' v2 selection, by plain loops in float64: exp(sim/0.1) votes in both
+    passes; n_sel and T as v1; γ the linear β-quantile over 500 pairs per member i of
+    T_c, (i, j) with j drawn with replacement from T_c (the draws: numpy's default_rng
+    seeded [seed, 8], per class in ascending order, rng.integers(0, |T_c|, 500·|T_c|),
+    the members of T_c in T's order, by (ℓ, index), tiled 500 times)."""
+    z, noisy, _, C = make_case(name)
+    Z, yt = z.double().numpy(), noisy.numpy()
+    n = len(yt)
+    S = Z @ Z.T
+    nbrs = [sorted((j for j in range(n) if j != i), key=lambda j: (-S[i, j], j))[:k] for i in range(n)]
+    w = lambda i, j: math.exp(S[i, j] / 0.1)  # noqa: E731
+    y_hat = []
+    for i in range(n):                                       # pass 1: weighted vote of ỹ
+        votes = [sum(w(i, j) for j in nbrs[i] if yt[j] == c) for c in range(C)]
+        y_hat.append(min(c for c in range(C) if votes[c] == max(votes)))
+    loss, agree = [], []
+    for i in range(n):                                       # pass 2: weighted share of ŷ
+        votes = [sum(w(i, j) for j in nbrs[i] if y_hat[j] == c) for c in range(C)]
+        q = [v / sum(votes) for v in votes]
+        loss.append(-math.log(min(max(q[yt[i]], 0.01), 0.99)))
+        agree.append(min(c for c in range(C) if q[c] == max(q)) == yt[i])
+    m = [sum(agree[i] for i in range(n) if yt[i] == c) for c in range(C)]
+    n_sel = reference_n_sel(m, alpha)
+    T = np.zeros(n, bool)
+    members_T = []
+    for c in range(C):
+        members = sorted((i for i in range(n) if yt[i] == c), key=lambda i: (loss[i], i))
+        members_T.append(members[:min(n_sel, len(members))])
+        T[members_T[-1]] = True
+    rng, sims = np.random.default_rng([seed, 8]), []
+    for mem in members_T:
+        if not mem:
+            continue
+        partners = rng.integers(0, len(mem), size=500 * len(mem))
+        sims += [S[mem[p % len(mem)], mem[q]] for p, q in enumerate(partners)]
+    gamma = float(np.quantile(sims, beta)) if sims else math.inf
+    G = np.zeros((n, n), bool)
+    for i in range(n):
+        for j in range(n):
+            G[i, j] = yt[i] == yt[j] and (i == j or (T[i] and T[j]) or S[i, j] > gamma)
+    n_g1 = sum(len(mem) * (len(mem) - 1) for mem in members_T)
+    return dict(S=S, y_hat=np.array(y_hat), n_sel=n_sel, T=T, gamma=gamma, G=G, n_g1=n_g1)
+
+
+@pytest.mark.parametrize("name,alpha,beta", [("clustered", 0.5, 0.25), ("clustered", 0.0, 0.0),
+                                             ("imbalanced", 1.0, 0.35), ("duplicates", 0.5, 1.0)])
+def test_select_v2_matches_bruteforce(name, alpha, beta):
+    """`version="v2"`: the authors' second selection, step for step, whatever `weighting`."""
+    z, noisy, y, C = make_case(name)
+    sel = select(z, noisy, C, k=12, alpha=alpha, beta=beta, weighting="uniform", seed=3,
+                 clean_labels=y, version="v2")
+    ref = reference_select_v2(name, 12, alpha, beta, seed=3)
+    check_against_reference(sel, ref, name)
+    assert sel.stats["threshold_sampled"] is True
+
+
+def test_select_v2_differs_from_v1_where_it_should():
+    """Both of v2's changes are visible on these cases: its pass-2 weighting moves T, and
+    its γ population (self pairs possible, classes ∝ |T_c|, a sample) moves γ; at β = 0
+    its γ is a sample minimum, never under G′'s exact minimum."""
+    moved_T = []
+    for name in ("clustered", "duplicates", "imbalanced"):
+        z, noisy, y, C = make_case(name)
+        v1 = select(z, noisy, C, k=12, alpha=0.5, beta=0.35, weighting="exp")
+        v2 = select(z, noisy, C, k=12, alpha=0.5, beta=0.35, version="v2")
+        assert torch.equal(v1.pseudo_labels, v2.pseudo_labels)   # pass 1 is v1's "exp"
+        moved_T.append(not torch.equal(v1.examples, v2.examples))
+        if torch.equal(v1.examples, v2.examples):
+            assert v1.threshold != v2.threshold
+        lo1 = select(z, noisy, C, k=12, alpha=0.5, beta=0.0, weighting="exp")
+        lo2 = select(z, noisy, C, k=12, alpha=0.5, beta=0.0, version="v2")
+        if torch.equal(lo1.examples, lo2.examples):
+            assert lo2.threshold >= lo1.threshold
+    assert any(moved_T)
+
+
+def test_select_rejects_an_unknown_version():
+    z, noisy, y, C = make_case("clustered")
+    with pytest.raises(ValueError, match="version"):
+        select(z, noisy, C, k=12, alpha=0.5, beta=0.25, version="v3")

@@ -77,7 +77,7 @@ def test_both_scorings_of_T_on_one_encoder(tmp_path, capsys):
 
     assert selection_sweep.main([str(run), "--k", "25", "--pseudo-labels", "true", "false"]) == 0
     rows = [r for r in capsys.readouterr().out.splitlines() if r.startswith("| 25 |")]
-    assert [r.rstrip(" |").rsplit("| ", 1)[1] for r in rows] == ["with", "without"]
+    assert [[c.strip() for c in r.strip("|").split("|")][6] for r in rows] == ["with", "without"]
     data = TrainData.load(run, torch.device("cpu"))
     z, _ = embed(model, data.x, data.mean, data.std)
     got = []
@@ -101,3 +101,30 @@ def test_per_class_table_counts_by_given_label():
     assert rows[0] == "| a | 3 | 0.667 | c (1) |"
     assert rows[1] == "| b | 2 | 0.500 | c (1) |"      # the unselected wrong one (true a) is not counted
     assert rows[2] == "| c | 1 | 1.000 | – |"
+
+
+def test_both_versions_of_the_selection_on_one_encoder(tmp_path, capsys):
+    """--version v1 v2: one row per version of the selection, each what `select` gives
+    (T, γ, |G|, precision of G)."""
+    import selection_sweep
+
+    from selcl.evaluate import embed
+    from selcl.selection import select
+    from selcl.train import TrainData
+
+    run = tmp_path / "demo_asym40"
+    cfg, ds, noisy, model = saved_run(tmp_path, "demo_asym40", "asym")
+
+    assert selection_sweep.main([str(run), "--k", "25", "--version", "v1", "v2"]) == 0
+    rows = [[c.strip() for c in r.strip("|").split("|")]
+            for r in capsys.readouterr().out.splitlines() if r.startswith("| 25 |")]
+    assert [r[7] for r in rows] == ["v1", "v2"]
+    data = TrainData.load(run, torch.device("cpu"))
+    z, _ = embed(model, data.x, data.mean, data.std)
+    for cells, version in zip(rows, ("v1", "v2")):
+        st = select(z, data.noisy, 10, k=25, alpha=cfg["pretrain"]["alpha"], beta=cfg["pretrain"]["beta"],
+                    seed=cfg["pretrain"]["epochs"], clean_labels=data.clean, version=version).stats
+        assert int(cells[3]) == st["n_selected"] and float(cells[4]) == round(st["precision_T"], 3)
+        assert float(cells[8]) == round(st["threshold"], 4) and int(cells[9]) == int(st["n_pairs"])
+        assert float(cells[10]) == round(st["precision_G"], 3)
+    assert rows[0][8] != rows[1][8]                # the two γ differ on this encoder
