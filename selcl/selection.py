@@ -261,11 +261,11 @@ def select(features: torch.Tensor, noisy_labels: torch.Tensor, num_classes: int,
     """
     if version not in ("v1", "v2"):
         raise ValueError(f"version must be 'v1' or 'v2', not {version!r}")
-    if version == "v2":
+    v2 = version == "v2"
+    if v2:
         weighting = "exp"
     if weighting not in ("uniform", "exp"):
         raise ValueError(f"weighting must be 'uniform' or 'exp', not {weighting!r}")
-    v2 = version == "v2"
     dev = features.device
     n, C = features.shape[0], int(num_classes)
     # own copy of z: pair_mask must not change if the caller reuses its feature buffer
