@@ -18,3 +18,8 @@ class NoiseError(ValueError):
 
 class CheckpointError(RuntimeError):
     """A checkpoint or stage input that cannot be used; the message names the file."""
+
+
+class DivergedError(FloatingPointError):
+    """Training produced non-finite values (NaN / inf) that a later step cannot use, e.g.
+    the embeddings the selection ranks; the message says where and what to lower."""

@@ -58,6 +58,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from selcl.errors import DivergedError
 from selcl.knn import KnnIndex, iter_knn
 
 VOTE_TEMPERATURE = 0.1      # weighting="exp": vote weight exp(sim / 0.1)
@@ -270,6 +271,15 @@ def select(features: torch.Tensor, noisy_labels: torch.Tensor, num_classes: int,
     n, C = features.shape[0], int(num_classes)
     # own copy of z: pair_mask must not change if the caller reuses its feature buffer
     z = features.detach().float().clone()
+    # A NaN row would make the k-NN return fewer than k neighbours for every query (NaN
+    # compares false), leaving rows of ŷ unset: on CUDA a device-side assert far from the
+    # cause (seen on an H200 after a diverged run), on the CPU an index error. Say it here.
+    finite = torch.isfinite(z).all(1)
+    if not bool(finite.all()):
+        bad = (~finite).nonzero().squeeze(1)
+        raise DivergedError(f"{len(bad)} of {n} feature rows are not finite (NaN / inf; first: row "
+                            f"{int(bad[0])}): the network that embedded them has diverged, and the "
+                            f"k-NN selection cannot rank them")
     y_noisy = noisy_labels.to(dev, torch.long)                      # ỹ
     arange = lambda a, b: torch.arange(a, b, device=dev)            # noqa: E731
 

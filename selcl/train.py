@@ -32,7 +32,7 @@ from .device import (autocast, compiled, compiles, env_flag, is_cuda, knn_index_
                      split_views, synchronize)
 from .evaluate import argmax_accuracy, embed, test_accuracy, weighted_knn_accuracy
 from .memory import KeyQueue, LabelledMemory
-from .errors import ConfigError
+from .errors import ConfigError, DivergedError
 from .models import EMA, bn_groups, build_model, frozen_bn_statistics, per_group_sync_bn, set_bn_replicas
 from .pairs import configured_rule, pair_rule
 from .selection import Selection, select
@@ -310,10 +310,14 @@ def run_selection(model, data: TrainData, pc: dict, epoch: int, z=None) -> Selec
     if z is None:
         dist.sync_buffers(model)
         z, _ = embed(model, data.x, data.mean, data.std, crop=data.crop)
-    return select(z, data.noisy, data.num_classes, k=pc["k"], alpha=pc["alpha"], beta=pc["beta"],
-                  weighting=pc["knn_weighting"], seed=epoch, clean_labels=data.clean,
-                  knn_index=knn_index_for(z.device, pc["knn_index"]), pseudo_labels=pc["pseudo_labels"],
-                  version=pc["selection_version"])
+    try:
+        return select(z, data.noisy, data.num_classes, k=pc["k"], alpha=pc["alpha"], beta=pc["beta"],
+                      weighting=pc["knn_weighting"], seed=epoch, clean_labels=data.clean,
+                      knn_index=knn_index_for(z.device, pc["knn_index"]), pseudo_labels=pc["pseudo_labels"],
+                      version=pc["selection_version"])
+    except DivergedError as exc:
+        raise DivergedError(f"pre-training diverged by epoch {epoch}: {exc} (nothing written before is "
+                            f"touched; a smaller pretrain.lr is the usual fix)") from None
 
 
 def _selection_log(sel: Selection) -> dict:
@@ -569,11 +573,28 @@ def sim_recompute_enabled() -> bool:
     return env_flag("SELCL_SIM_RECOMPUTE", False) and dist.world_size() == 1
 
 
+def refuse_sim_recompute_on_cuda(device) -> None:
+    """The recompute path exists for CUDA graphs, but on CUDA it is refused: on an H200
+    (2026-12-04, bench/results/gpu_notes.md) its benchmark step (47.9 ms) was no faster
+    than the default path's step in real epochs on that machine (47.8 ms), and its one
+    real run diverged (L_CLS 10.6 in the first pre-training epoch against 3.9 on the
+    default path, the same data and seed; non-finite embeddings two epochs later). On the
+    CPU, where it is exact (tests/test_switches.py, with the CUDA-graph memory pool
+    emulated), it stays for those tests."""
+    if is_cuda(device):
+        raise ConfigError("SELCL_SIM_RECOMPUTE=1 is refused on CUDA: measured no faster than the default "
+                          "step there, and its one run diverged (bench/results/gpu_notes.md, 2026-12-04); "
+                          "unset it")
+
+
 def make_pretrainer(cfg: dict, num_classes: int, device, warm: dict | None = None,
                     ema_momentum: float | None = None) -> Pretrainer:
     """The pre-training state: fresh (warm-up), or continued from the warm-up's output
     (model, EMA, optimiser, queue, memory: one run, as the authors' script)."""
     pc = cfg["pretrain"]
+    recompute = sim_recompute_enabled()
+    if recompute:
+        refuse_sim_recompute_on_cuda(device)
     model = make_model(cfg["model"], num_classes, device)
     ema = EMA(model, pc["ema"] if ema_momentum is None else ema_momentum)
     queue = KeyQueue(cfg["warmup"]["queue_size"], cfg["model"]["proj_dim"], device)
@@ -584,7 +605,6 @@ def make_pretrainer(cfg: dict, num_classes: int, device, warm: dict | None = Non
                           f"a step's 2 × batch_size = {2 * pc['batch_size']} mixed views")
     memory = LabelledMemory(size, cfg["model"]["proj_dim"], num_classes, device)
     g, np_rng, order = _generators(cfg["model"]["seed"] * 1000 + 2, device)
-    recompute = sim_recompute_enabled()
     tr = Pretrainer(model, ema, sgd(model, pc), queue, memory, g, np_rng, pc,
                     # unused heads under DDP: the classifier in the Uns-CL warm-up or when off
                     net=training_forward(model, device, unused_heads=warm is None or not pc["classifier"]

@@ -26,7 +26,7 @@ from selcl.config import load_setting  # noqa: E402
 from selcl.device import cuda_available, env_flag, get_device  # noqa: E402
 # The exceptions only: importing selcl.data / selcl.noise for them would make every
 # stage depend on the image loader and the noise model (dvc.yaml code deps).
-from selcl.errors import CheckpointError, ConfigError, DataError, NoiseError  # noqa: E402
+from selcl.errors import CheckpointError, ConfigError, DataError, DivergedError, NoiseError  # noqa: E402
 from selcl.stage_params import stage_view  # noqa: E402
 
 EXIT_BAD_INPUT = 2   # bad params / missing or corrupt input / full disk: one line on stderr
@@ -141,7 +141,7 @@ def main(fn) -> None:
         relaunch_under_torchrun()
         fn(setting_from_argv())
         dist.shutdown()
-    except (ConfigError, DataError, NoiseError, CheckpointError, StageError) as exc:
+    except (ConfigError, DataError, NoiseError, CheckpointError, DivergedError, StageError) as exc:
         print(f"error: {_one_line(exc)}", file=sys.stderr)
         sys.exit(EXIT_BAD_INPUT)
     except torch.cuda.OutOfMemoryError:

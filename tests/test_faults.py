@@ -58,6 +58,23 @@ def test_cuda_oom_names_the_batch_size(stage, tiny_upstream, tiny_params, tmp_pa
     assert "Traceback" not in err
 
 
+def test_a_diverged_pretraining_is_one_line(tiny_upstream, tiny_params, tmp_path, monkeypatch, capsys):
+    """Non-finite embeddings at the selection (selcl.train.run_selection): exit 2 and the one
+    line of the DivergedError, no traceback."""
+    from selcl.errors import DivergedError
+    copy_upstream(tiny_upstream, tmp_path)
+
+    def diverged(*args, **kwargs):
+        raise DivergedError("pre-training diverged by epoch 3: 2 of 64 feature rows are not finite")
+    monkeypatch.setattr(load_stage("pretrain"), "pretrain", diverged)
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_info:
+        run_stage_inprocess(monkeypatch, tmp_path, "pretrain")
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2
+    assert err.splitlines() == ["error: pre-training diverged by epoch 3: 2 of 64 feature rows are not finite"], err
+
+
 def test_cuda_oom_in_evaluate_gives_no_wrong_advice(tiny_upstream, tiny_params, tmp_path, monkeypatch, capsys):
     """evaluate has no batch size of its own: lowering pre-training's would rerun
     pre-training and change nothing, so the line must not suggest it."""

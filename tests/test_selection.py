@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+from selcl.errors import DivergedError
 from selcl.selection import Selection, class_balanced_count, select
 
 pytest.importorskip("faiss")
@@ -508,3 +509,15 @@ def test_select_rejects_an_unknown_version():
     z, noisy, y, C = make_case("clustered")
     with pytest.raises(ValueError, match="version"):
         select(z, noisy, C, k=12, alpha=0.5, beta=0.25, version="v3")
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_select_names_non_finite_features(bad):
+    """A diverged network's NaN / inf rows are one clear error, not a k-NN that silently
+    returns fewer neighbours and leaves pseudo-labels unset (a device assert on CUDA)."""
+    z, noisy, y, C = make_case("clustered")
+    select(z, noisy, C, k=12, alpha=0.5, beta=0.25)            # the finite case runs
+    z = z.clone()
+    z[7, 3] = bad
+    with pytest.raises(DivergedError, match=r"1 of \d+ feature rows are not finite .*first: row 7"):
+        select(z, noisy, C, k=12, alpha=0.5, beta=0.25)

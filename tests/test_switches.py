@@ -321,3 +321,32 @@ def test_env_flags_read_on_off_words_and_refuse_a_typo(monkeypatch):
     monkeypatch.setenv("SELCL_X", "of")
     with pytest.raises(ConfigError, match="SELCL_X='of'"):
         env_flag("SELCL_X", True)
+
+
+def test_sim_recompute_is_refused_on_cuda(monkeypatch):
+    """Measured on an H200 (bench/results/gpu_notes.md, 2026-12-04): no faster, and its one
+    run diverged. So CUDA refuses it with one clear error before building anything; the
+    CPU keeps it (the tests above)."""
+    from selcl.errors import ConfigError
+    from selcl.train import make_pretrainer, refuse_sim_recompute_on_cuda
+    refuse_sim_recompute_on_cuda(torch.device("cpu"))
+    with pytest.raises(ConfigError, match="SELCL_SIM_RECOMPUTE=1 is refused on CUDA"):
+        refuse_sim_recompute_on_cuda(torch.device("cuda"))
+    monkeypatch.setenv("SELCL_SIM_RECOMPUTE", "1")
+    with pytest.raises(ConfigError, match="refused on CUDA"):     # before any CUDA tensor is made
+        make_pretrainer({"pretrain": {}}, 3, torch.device("cuda"))
+
+
+def test_a_diverged_network_stops_the_selection_with_its_epoch():
+    """Non-finite embeddings at the per-epoch selection: one error naming the epoch and the
+    parameter to lower, which the stages report as one line (stages/common.py)."""
+    from selcl.errors import DivergedError
+    from selcl.train import run_selection
+    data, model, _ = random_images_and_net(N, C, H)
+    pc = {"k": 3, "alpha": 0.5, "beta": 0.25, "knn_weighting": "uniform", "knn_index": "flat",
+          "pseudo_labels": True, "selection_version": "v1"}
+    z = torch.nn.functional.normalize(torch.randn(N, 8, generator=torch.Generator().manual_seed(0)), dim=1)
+    assert run_selection(model, data, pc, epoch=5, z=z).examples.shape == (N,)
+    z[2] = float("nan")
+    with pytest.raises(DivergedError, match=r"pre-training diverged by epoch 5: 1 of 24 .*pretrain\.lr"):
+        run_selection(model, data, pc, epoch=5, z=z)
