@@ -565,26 +565,25 @@ def _clips_sim(pc: dict) -> bool:
     return bool(pc["classifier"] and pc["sim_loss"] and pc["lambda_sim"] > 0)
 
 
-def sim_recompute_enabled() -> bool:
+def sim_recompute_enabled(device) -> bool:
     """SELCL_SIM_RECOMPUTE=1: L_SIM's gradient from its own online pass instead of a
     retained graph (`Pretrainer.step`), so that the online network can replay as CUDA
-    graphs. Off by default until measured on a GPU; one process only (under DDP an extra
-    forward would confuse the reducer). Never changes a tracked param."""
-    return env_flag("SELCL_SIM_RECOMPUTE", False) and dist.world_size() == 1
+    graphs. Off by default; one process only (under DDP an extra forward would confuse the
+    reducer). Never changes a tracked param.
 
-
-def refuse_sim_recompute_on_cuda(device) -> None:
-    """The recompute path exists for CUDA graphs, but on CUDA it is refused: on an H200
-    (2026-12-04, bench/results/gpu_notes.md) its benchmark step (47.9 ms) was no faster
-    than the default path's step in real epochs on that machine (47.8 ms), and its one
-    real run diverged (L_CLS 10.6 in the first pre-training epoch against 3.9 on the
-    default path, the same data and seed; non-finite embeddings two epochs later). On the
-    CPU, where it is exact (tests/test_switches.py, with the CUDA-graph memory pool
-    emulated), it stays for those tests."""
-    if is_cuda(device):
+    On CUDA, where the path was meant to pay, it is refused: on an H200 (2026-12-04,
+    bench/results/gpu_notes.md) its benchmark step (47.9 ms) was no faster than the
+    default path's step in real epochs on that machine (47.8 ms), and its one real run
+    diverged (L_CLS 10.6 in the first pre-training epoch against 3.9 on the default path,
+    the same data and seed; non-finite embeddings two epochs later). On the CPU, where it
+    is exact (tests/test_switches.py, with the CUDA-graph memory pool emulated), it stays
+    for those tests."""
+    on = env_flag("SELCL_SIM_RECOMPUTE", False) and dist.world_size() == 1
+    if on and is_cuda(device):
         raise ConfigError("SELCL_SIM_RECOMPUTE=1 is refused on CUDA: measured no faster than the default "
                           "step there, and its one run diverged (bench/results/gpu_notes.md, 2026-12-04); "
                           "unset it")
+    return on
 
 
 def make_pretrainer(cfg: dict, num_classes: int, device, warm: dict | None = None,
@@ -592,9 +591,7 @@ def make_pretrainer(cfg: dict, num_classes: int, device, warm: dict | None = Non
     """The pre-training state: fresh (warm-up), or continued from the warm-up's output
     (model, EMA, optimiser, queue, memory: one run, as the authors' script)."""
     pc = cfg["pretrain"]
-    recompute = sim_recompute_enabled()
-    if recompute:
-        refuse_sim_recompute_on_cuda(device)
+    recompute = sim_recompute_enabled(device)
     model = make_model(cfg["model"], num_classes, device)
     ema = EMA(model, pc["ema"] if ema_momentum is None else ema_momentum)
     queue = KeyQueue(cfg["warmup"]["queue_size"], cfg["model"]["proj_dim"], device)

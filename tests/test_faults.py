@@ -39,6 +39,14 @@ def _oom(*args, **kwargs):
                                       "79.11 GiB total capacity; 77.80 GiB already allocated)")
 
 
+def exit_of(monkeypatch, tmp_path, stage: str, capsys) -> tuple[int, str]:
+    """Run `stage` in-process, expecting it to exit: (exit code, what it printed on stderr)."""
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_info:
+        run_stage_inprocess(monkeypatch, tmp_path, stage)
+    return exit_info.value.code, capsys.readouterr().err
+
+
 # ----------------------------------------------------------------------------- (a) CUDA OOM
 @pytest.mark.parametrize("stage", ["warmup", "pretrain", "finetune", "baseline"])
 def test_cuda_oom_names_the_batch_size(stage, tiny_upstream, tiny_params, tmp_path, monkeypatch, capsys):
@@ -46,11 +54,8 @@ def test_cuda_oom_names_the_batch_size(stage, tiny_upstream, tiny_params, tmp_pa
     copy_upstream(tiny_upstream, tmp_path)
     checkpoint.save({"model": {}, "examples": torch.ones(4, dtype=torch.bool)}, tmp_path / RUN / "pretrain.pt")       # finetune's input
     monkeypatch.setattr(load_stage(stage), stage, _oom)                  # e.g. stages/pretrain.py: pretrain()
-    capsys.readouterr()
-    with pytest.raises(SystemExit) as exit_info:
-        run_stage_inprocess(monkeypatch, tmp_path, stage)
-    err = capsys.readouterr().err
-    assert exit_info.value.code == 3
+    code, err = exit_of(monkeypatch, tmp_path, stage, capsys)
+    assert code == 3
     assert err.splitlines() == [err.strip()], err
     assert err.startswith("error: CUDA out of memory")
     section = "pretrain" if stage == "warmup" else stage      # the warm-up runs on pre-training's loader
@@ -67,11 +72,8 @@ def test_a_diverged_pretraining_is_one_line(tiny_upstream, tiny_params, tmp_path
     def diverged(*args, **kwargs):
         raise DivergedError("pre-training diverged by epoch 3: 2 of 64 feature rows are not finite")
     monkeypatch.setattr(load_stage("pretrain"), "pretrain", diverged)
-    capsys.readouterr()
-    with pytest.raises(SystemExit) as exit_info:
-        run_stage_inprocess(monkeypatch, tmp_path, "pretrain")
-    err = capsys.readouterr().err
-    assert exit_info.value.code == 2
+    code, err = exit_of(monkeypatch, tmp_path, "pretrain", capsys)
+    assert code == 2
     assert err.splitlines() == ["error: pre-training diverged by epoch 3: 2 of 64 feature rows are not finite"], err
 
 
@@ -81,11 +83,8 @@ def test_cuda_oom_in_evaluate_gives_no_wrong_advice(tiny_upstream, tiny_params, 
     copy_upstream(tiny_upstream, tmp_path)
     checkpoint.save({"model": {}, "examples": torch.ones(4, dtype=torch.bool)}, tmp_path / RUN / "pretrain.pt")
     monkeypatch.setattr(load_stage("evaluate"), "knn_report", _oom)
-    capsys.readouterr()
-    with pytest.raises(SystemExit) as exit_info:
-        run_stage_inprocess(monkeypatch, tmp_path, "evaluate")
-    err = capsys.readouterr().err
-    assert exit_info.value.code == 3
+    code, err = exit_of(monkeypatch, tmp_path, "evaluate", capsys)
+    assert code == 3
     assert err.splitlines() == ["error: CUDA out of memory in stage evaluate: free GPU memory "
                                 "(other processes on the GPU) and rerun"], err
 

@@ -328,11 +328,12 @@ def test_sim_recompute_is_refused_on_cuda(monkeypatch):
     run diverged. So CUDA refuses it with one clear error before building anything; the
     CPU keeps it (the tests above)."""
     from selcl.errors import ConfigError
-    from selcl.train import make_pretrainer, refuse_sim_recompute_on_cuda
-    refuse_sim_recompute_on_cuda(torch.device("cpu"))
-    with pytest.raises(ConfigError, match="SELCL_SIM_RECOMPUTE=1 is refused on CUDA"):
-        refuse_sim_recompute_on_cuda(torch.device("cuda"))
+    from selcl.train import make_pretrainer, sim_recompute_enabled
+    assert not sim_recompute_enabled(torch.device("cuda"))          # unset: off, no error
     monkeypatch.setenv("SELCL_SIM_RECOMPUTE", "1")
+    assert sim_recompute_enabled(torch.device("cpu"))
+    with pytest.raises(ConfigError, match="SELCL_SIM_RECOMPUTE=1 is refused on CUDA"):
+        sim_recompute_enabled(torch.device("cuda"))
     with pytest.raises(ConfigError, match="refused on CUDA"):     # before any CUDA tensor is made
         make_pretrainer({"pretrain": {}}, 3, torch.device("cuda"))
 
