@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# A bench/gpu_real.sh run longer than one device call (at most 10 minutes a call), over
+# two calls on the same warm machine, without a restart or a second compilation:
+#   call 1:  bench/gpu_lease.sh start SECONDS data.tar.gz SEL_CL_EPOCHS FINETUNE_EPOCHS
+#            launches gpu_real.sh in a process session of its own (setsid: it outlives the
+#            call), then waits SECONDS and returns, the run still going;
+#   call 2:  bench/gpu_lease.sh wait
+#            (issued at once: the machine goes back after its idle time) waits for the run
+#            to end.
+# Both copy everything the run has written into $OUT/r.tgz every 20 s, so a call killed
+# at its limit (or at the end of the lease's device time) still brings back the per-epoch
+# CSVs and the markdown written so far. The environment (SKIP_STEP, TIME_LIMIT, SUBSET,
+# GPU_REAL_ARGS, SELCL_DEVICE, ...) passes through to gpu_real.sh; give TIME_LIMIT so the
+# run ends by itself inside the lease.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+run=${GPU_LEASE_DIR:-/tmp/gpu_lease}
+out=${OUT:?bench/gpu_lease.sh writes its snapshots to \$OUT}
+snap() { tar czf "$out/r.part" -C "$(dirname "$run")" "$(basename "$run")" 2>/dev/null && mv "$out/r.part" "$out/r.tgz"; }
+finished() { [ -f "$run/rc" ]; }
+follow() {   # until the run ends or $1 s have passed, a snapshot every 20 s
+  local end=$(( $(date +%s) + $1 ))
+  while ! finished && [ "$(date +%s)" -lt "$end" ]; do sleep 20; snap; done
+  snap
+  tail -5 "$run/driver.log" 2>/dev/null
+  if finished; then echo "gpu_lease: the run ended (exit $(cat "$run/rc"))"; else echo "gpu_lease: the run goes on"; fi
+}
+case "${1:-}" in
+  start)
+    [ $# -eq 5 ] || { echo "usage: bench/gpu_lease.sh start SECONDS data.tar.gz EPOCHS FINETUNE_EPOCHS" >&2; exit 2; }
+    [ -e "$run" ] && { echo "gpu_lease: $run exists (a run already started on this machine)" >&2; exit 2; }
+    mkdir -p "$run"
+    setsid nohup bash -c 'bash bench/gpu_real.sh "$1" "$2" "$3" "$4"; echo $? > "$4/rc"' _ "$3" "$4" "$5" "$run" \
+      > "$run/driver.log" 2>&1 < /dev/null &
+    follow "$2" ;;
+  wait)
+    [ -d "$run" ] || { echo "gpu_lease: no run in $run (a fresh machine? the first call's run is gone)" >&2; exit 2; }
+    follow 100000 ;;
+  *) echo "usage: bench/gpu_lease.sh start SECONDS data.tar.gz EPOCHS FINETUNE_EPOCHS | wait" >&2; exit 2 ;;
+esac
