@@ -16,11 +16,12 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 run=${GPU_LEASE_DIR:-/tmp/gpu_lease}
 out=${OUT:?bench/gpu_lease.sh writes its snapshots to \$OUT}
+every=${GPU_LEASE_EVERY:-20}   # seconds between snapshots
 snap() { tar czf "$out/r.part" -C "$(dirname "$run")" "$(basename "$run")" 2>/dev/null && mv "$out/r.part" "$out/r.tgz"; }
 finished() { [ -f "$run/rc" ]; }
-follow() {   # until the run ends or $1 s have passed, a snapshot every 20 s
+follow() {   # until the run ends or $1 s have passed, a snapshot every $every s
   local end=$(( $(date +%s) + $1 ))
-  while ! finished && [ "$(date +%s)" -lt "$end" ]; do sleep 20; snap; done
+  while ! finished && [ "$(date +%s)" -lt "$end" ]; do sleep "$every"; snap; done
   snap
   tail -5 "$run/driver.log" 2>/dev/null
   if finished; then echo "gpu_lease: the run ended (exit $(cat "$run/rc"))"; else echo "gpu_lease: the run goes on"; fi

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import stat
 import subprocess
 from pathlib import Path
@@ -167,3 +168,64 @@ def test_the_parts_run_on_cuda_unless_told(tmp_path):
     (tmp_path / "out" / "selcl.md").unlink()
     _, calls = run_script(tmp_path, SELCL_DEVICE="cpu")
     assert calls and all(" DEVICE=cpu " in c for c in calls)
+
+
+# bench/gpu_lease.sh: one gpu_real.sh run over two device calls. The run must outlive the
+# first call, and each call must leave the run's files in its own (emptied) $OUT.
+SLOW = FAKE.replace('echo "done" > "$out"', 'sleep "${SLEEP:-0}"; echo "done" > "$out"')
+
+
+def lease(tmp_path: Path, *args: str, out: str, **env) -> subprocess.CompletedProcess:
+    fake = tmp_path / "python"
+    if not fake.exists():
+        fake.write_text(SLOW)
+        fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    (tmp_path / out).mkdir()
+    base = {k: v for k, v in os.environ.items() if not k.startswith("SELCL_")}
+    e = {**base, "PYTHON": str(fake), "CALLS": str(tmp_path / "calls.txt"), "SKIP_STEP": "1",
+         "TIME_LIMIT": "60", "GPU_LEASE_DIR": str(tmp_path / "run"), "GPU_LEASE_EVERY": "1",
+         "OUT": str(tmp_path / out), **env}
+    # the device tool ends a call's process group when the call returns: so does this
+    proc = subprocess.Popen(["bash", str(ROOT / "bench" / "gpu_lease.sh"), *args], env=e, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    stdout, stderr = proc.communicate(timeout=60)
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
+
+
+def snapshot(tmp_path: Path, out: str) -> list[str]:
+    tar = subprocess.run(["tar", "tzf", str(tmp_path / out / "r.tgz")], capture_output=True, text=True, check=True)
+    return [Path(n).name for n in tar.stdout.split()]
+
+
+def test_a_lease_run_outlives_its_first_call_and_the_second_call_waits_for_it(tmp_path):
+    first = lease(tmp_path, "start", "1", "data.tar.gz", "24", "12", out="out1", SLEEP="4")
+    assert first.returncode == 0, first.stderr
+    assert "the run goes on" in first.stdout
+    assert "rc" not in snapshot(tmp_path, "out1")           # a snapshot of a run still going
+    second = lease(tmp_path, "wait", out="out2")
+    assert second.returncode == 0, second.stderr
+    assert "the run ended (exit 0)" in second.stdout
+    files = snapshot(tmp_path, "out2")
+    assert {"rc", "selcl.md", "ce.md", "driver.log"} <= set(files)
+    calls = (tmp_path / "calls.txt").read_text()
+    assert "--part selcl" in calls and "--epochs 24 --finetune-epochs 12" in calls
+
+
+def test_a_lease_wait_on_a_fresh_machine_says_so(tmp_path):
+    r = lease(tmp_path, "wait", out="out")
+    assert r.returncode == 2 and "no run in" in r.stderr
+
+
+def test_a_lease_never_starts_a_second_run_over_the_first(tmp_path):
+    assert lease(tmp_path, "start", "30", "data.tar.gz", "4", "2", out="out1").returncode == 0
+    again = lease(tmp_path, "start", "30", "data.tar.gz", "4", "2", out="out2")
+    assert again.returncode == 2 and "already started" in again.stderr
+
+
+def test_a_lease_start_names_its_arguments(tmp_path):
+    r = lease(tmp_path, "start", "30", "data.tar.gz", out="out")
+    assert r.returncode == 2 and "usage" in r.stderr
