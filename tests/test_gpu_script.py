@@ -172,7 +172,10 @@ def test_the_parts_run_on_cuda_unless_told(tmp_path):
 
 # bench/gpu_lease.sh: one gpu_real.sh run over two device calls. The run must outlive the
 # first call, and each call must leave the run's files in its own (emptied) $OUT.
-SLOW = FAKE.replace('echo "done" > "$out"', 'sleep "${SLEEP:-0}"; echo "done" > "$out"')
+SLOW = FAKE.replace('echo "done" > "$out"', "\n".join([
+    'sleep "${SLEEP:-0}"; echo "done" > "$out"',
+    '[ -f "$TORCHINDUCTOR_CACHE_DIR/kernel" ] && echo "CACHE HIT" >> "$CALLS"',
+    'mkdir -p "$TORCHINDUCTOR_CACHE_DIR" && echo compiled > "$TORCHINDUCTOR_CACHE_DIR/kernel"']))
 
 
 def lease(tmp_path: Path, *args: str, out: str, **env) -> subprocess.CompletedProcess:
@@ -229,3 +232,20 @@ def test_a_lease_never_starts_a_second_run_over_the_first(tmp_path):
 def test_a_lease_start_names_its_arguments(tmp_path):
     r = lease(tmp_path, "start", "30", "data.tar.gz", out="out")
     assert r.returncode == 2 and "usage" in r.stderr
+
+
+def test_a_lease_returns_its_compilation_cache_and_the_next_lease_starts_from_it(tmp_path):
+    assert lease(tmp_path, "start", "30", "data.tar.gz", "4", "2", out="out1").returncode == 0
+    parts = sorted((tmp_path / "out1").glob("inductor.tgz.*"))
+    assert parts and all(p.stat().st_size <= 15 * 2**20 for p in parts)
+    assert not any(n == "kernel" for n in snapshot(tmp_path, "out1"))   # the snapshot leaves it out
+    # the next lease: a fresh machine, the parts carried in a folder of the tree
+    carried = tmp_path / "compile_cache"
+    carried.mkdir()
+    for p in parts:
+        (carried / p.name).write_bytes(p.read_bytes())
+    (tmp_path / "calls.txt").write_text("")
+    subprocess.run(["rm", "-rf", str(tmp_path / "run")], check=True)      # a fresh machine
+    again = lease(tmp_path, "start", "30", "data.tar.gz", "4", "2", out="out2", GPU_LEASE_CACHE=str(carried))
+    assert again.returncode == 0 and "compilation cache from" in again.stdout
+    assert (tmp_path / "calls.txt").read_text().count("CACHE HIT") == 2   # both parts, CE and Sel-CL
