@@ -28,7 +28,7 @@ run=${GPU_LEASE_DIR:-/tmp/gpu_lease}
 out=${OUT:?bench/gpu_lease.sh writes its snapshots to \$OUT}
 every=${GPU_LEASE_EVERY:-20}   # seconds between snapshots
 cache_in=${GPU_LEASE_CACHE:-compile_cache}
-export TORCHINDUCTOR_CACHE_DIR="$run/inductor"
+export TORCHINDUCTOR_CACHE_DIR="$run/inductor"; unset TRITON_CACHE_DIR   # Triton then caches under it
 snap() { tar czf "$out/r.part" --exclude="$(basename "$run")/inductor" -C "$(dirname "$run")" "$(basename "$run")" 2>/dev/null \
            && mv "$out/r.part" "$out/r.tgz"; }
 cache_out() {   # the run's compilation cache into $OUT, in parts that fit its limits
