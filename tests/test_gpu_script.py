@@ -172,9 +172,12 @@ def test_the_parts_run_on_cuda_unless_told(tmp_path):
 
 # bench/gpu_lease.sh: one gpu_real.sh run over two device calls. The run must outlive the
 # first call, and each call must leave the run's files in its own (emptied) $OUT.
-SLOW = FAKE.replace('echo "done" > "$out"', "\n".join([
+# The stand-in looks for a cached kernel when it starts and caches one when it ends (after
+# SLEEP seconds, so that two parts started together see only what was there before them).
+SLOW = FAKE.replace("#!/usr/bin/env bash\n", """#!/usr/bin/env bash
+[ -f "$TORCHINDUCTOR_CACHE_DIR/kernel" ] && echo "CACHE HIT" >> "$CALLS"
+""").replace('echo "done" > "$out"', "\n".join([
     'sleep "${SLEEP:-0}"; echo "done" > "$out"',
-    '[ -f "$TORCHINDUCTOR_CACHE_DIR/kernel" ] && echo "CACHE HIT" >> "$CALLS"',
     'mkdir -p "$TORCHINDUCTOR_CACHE_DIR" && echo compiled > "$TORCHINDUCTOR_CACHE_DIR/kernel"']))
 
 
@@ -246,6 +249,27 @@ def test_a_lease_returns_its_compilation_cache_and_the_next_lease_starts_from_it
         (carried / p.name).write_bytes(p.read_bytes())
     (tmp_path / "calls.txt").write_text("")
     subprocess.run(["rm", "-rf", str(tmp_path / "run")], check=True)      # a fresh machine
-    again = lease(tmp_path, "start", "30", "data.tar.gz", "4", "2", out="out2", GPU_LEASE_CACHE=str(carried))
+    again = lease(tmp_path, "start", "30", "data.tar.gz", "4", "2", out="out2", GPU_LEASE_CACHE=str(carried), SLEEP="2")
     assert again.returncode == 0 and "compilation cache from" in again.stdout
     assert (tmp_path / "calls.txt").read_text().count("CACHE HIT") == 2   # both parts, CE and Sel-CL
+
+
+def test_a_lease_over_a_killed_run_says_so_instead_of_waiting_forever(tmp_path):
+    assert lease(tmp_path, "start", "1", "data.tar.gz", "4", "2", out="out1", SLEEP="30").returncode == 0
+    os.killpg(int((tmp_path / "run" / "pid").read_text()), signal.SIGKILL)   # the run's own session
+    r = lease(tmp_path, "wait", out="out2")
+    assert r.returncode == 1 and "gone without an exit status" in r.stdout
+
+
+def test_a_carried_cache_of_two_leases_mixed_is_left_out(tmp_path):
+    assert lease(tmp_path, "start", "30", "data.tar.gz", "4", "2", out="out1").returncode == 0
+    carried = tmp_path / "compile_cache"
+    carried.mkdir()
+    for p in (tmp_path / "out1").glob("inductor.tgz.*"):
+        (carried / p.name).write_bytes(p.read_bytes())
+    (carried / "inductor.tgz.zz").write_bytes(b"a part of an older lease")
+    (tmp_path / "calls.txt").write_text("")
+    subprocess.run(["rm", "-rf", str(tmp_path / "run")], check=True)
+    again = lease(tmp_path, "start", "30", "data.tar.gz", "4", "2", out="out2", GPU_LEASE_CACHE=str(carried), SLEEP="2")
+    assert again.returncode == 0 and "not one whole archive" in again.stdout
+    assert "CACHE HIT" not in (tmp_path / "calls.txt").read_text()
