@@ -164,22 +164,59 @@ def eval_batch_size(device: torch.device) -> int:
 
 
 def compiles(device: torch.device) -> bool:
-    """Whether the training forwards run under torch.compile: on CUDA, unless SELCL_COMPILE=0."""
+    """Whether the training forwards run under torch.compile: on CUDA, unless SELCL_COMPILE=0
+    (and, step by step, not inside `eager_step`)."""
     return is_cuda(device) and env_flag("SELCL_COMPILE", True)
+
+
+_eager_step = False   # set by `eager_step`: this step's compiled parts run eagerly
+
+
+@contextlib.contextmanager
+def eager_step(on: bool = True):
+    """Within it, the compiled training forwards (`compiled`) and augmentation
+    (`in_eager_step`) run eagerly. The loops use it for an epoch's last, smaller batch (the
+    authors' loaders keep it: 391 CIFAR steps, the last of 80). Static graphs are one per
+    shape, so that one step in 391 would compile a second graph of every call site,
+    forward and backward, and of the augmentation: about half of a fresh process's
+    compilation (272 s to the end of the first pre-training epoch on a fresh H200,
+    2026-12-04), for a step that eager runs in tens of milliseconds. Same arithmetic, up
+    to float rounding (the kernels differ)."""
+    global _eager_step
+    before, _eager_step = _eager_step, on
+    try:
+        yield
+    finally:
+        _eager_step = before
+
+
+def in_eager_step() -> bool:
+    return _eager_step
+
+
+class _Compiled:
+    """The compiled forward of `module`, or `module` itself inside `eager_step`."""
+
+    def __init__(self, module: torch.nn.Module, graph):
+        self.module, self.graph = module, graph
+
+    def __call__(self, x):
+        return (self.module if _eager_step else self.graph)(x)
 
 
 RECOMPILE_LIMIT = 64   # Dynamo graphs per compiled function (its default, 8, is too few: `compiled`)
 
 
-def compiled(model: torch.nn.Module, cuda_graphs: bool = True) -> torch.nn.Module:
+def compiled(model: torch.nn.Module, cuda_graphs: bool = True):
     """The callable for a model's *training* forward passes: on CUDA,
     torch.compile(mode="reduce-overhead"), so the forward and backward of each
     fixed-shape training batch replay as CUDA graphs (one launch instead of hundreds).
     The eager step is launch-bound (~1,000 small kernels per pre-training step);
     graphs cut it from 19.1 to 11.4 ms on an H200 (bench/step.py, bench/compile_check.py).
     Shares `model`'s parameters and state_dict; evaluation and other shapes call `model`
-    itself. Each (rows, BatchNorm groups, grad mode) gets its own static graph. Identity
-    on the CPU and when SELCL_COMPILE=0 (`compiles`); never changes a tracked param.
+    itself, and so does every call inside `eager_step` (an epoch's last, smaller batch).
+    Each (rows, BatchNorm groups, grad mode) gets its own static graph. Identity on the
+    CPU and when SELCL_COMPILE=0 (`compiles`); never changes a tracked param.
 
     cuda_graphs=False: Inductor's fused kernels ("default" mode) without CUDA graphs, for a network whose
     graph is back-propagated twice (Sel-CL's clipped L_SIM gradient uses retain_graph,
@@ -197,12 +234,14 @@ def compiled(model: torch.nn.Module, cuda_graphs: bool = True) -> torch.nn.Modul
     # dynamic-shape graph (symbolic batch size: slower kernels, longer compilation), and
     # which graphs turn dynamic depends on call order (bench/step.py compiled static ones,
     # the real loop dynamic ones; tests/test_compile.py). Static: one graph per call site.
-    # Static graphs are one per (rows, groups, grad mode, module): with the last, smaller batch
-    # kept (the authors' loaders) every call site has a second size, and one process running
-    # all four loops (bench/gpu_real.py) needs ~12 graphs of the forward. Past Dynamo's default
-    # recompile limit (8) it would run the rest eagerly, silently; 64 leaves room.
+    # Static graphs are one per (rows, groups, grad mode, module): one process running all
+    # four loops (bench/gpu_real.py) needs ~6 graphs of the forward, ~12 if the last,
+    # smaller batch of each epoch were compiled too (it runs eagerly: `eager_step`). Past
+    # Dynamo's default recompile limit (8) it would run the rest eagerly, silently; 64
+    # leaves room (a caller's other batch size, DDP-free benchmarks).
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
-    return torch.compile(model, mode="reduce-overhead" if cuda_graphs else "default", dynamic=False)
+    return _Compiled(model, torch.compile(model, mode="reduce-overhead" if cuda_graphs else "default",
+                                          dynamic=False))
 
 
 def synchronize(device: torch.device) -> None:

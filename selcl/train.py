@@ -28,8 +28,8 @@ from tqdm.auto import tqdm
 
 from . import augment, dist, losses
 from .checkpoint import Checkpointer
-from .device import (autocast, compiled, compiles, env_flag, is_cuda, knn_index_for, memory_format,
-                     split_views, synchronize)
+from .device import (autocast, compiled, compiles, eager_step, env_flag, in_eager_step, is_cuda, knn_index_for,
+                     memory_format, split_views, synchronize)
 from .evaluate import argmax_accuracy, embed, test_accuracy, weighted_knn_accuracy
 from .memory import KeyQueue, LabelledMemory
 from .errors import ConfigError, DivergedError
@@ -164,7 +164,8 @@ def _views(x_uint8, g, data, strong: bool = True, n: int = 1):
     x = x_uint8.repeat(n, 1, 1, 1) if n > 1 else x_uint8
     if strong:
         v = augment.strong_augment(x, g, data.mean, data.std, data.crop, scale=data.crop_scale,
-                                   compiled=compiles(x.device))   # SELCL_COMPILE=0: eager too
+                                   # SELCL_COMPILE=0 and an epoch's last, smaller batch: eager
+                                   compiled=compiles(x.device) and not in_eager_step())
     else:
         v = augment.weak_augment(x, g, data.mean, data.std, crop=data.crop)
     v = v.contiguous(memory_format=memory_format(x.device))
@@ -291,10 +292,11 @@ def warmup(cfg: dict, data: TrainData, device, ckpt: Checkpointer, on_epoch=None
         means = EpochMeans()
         for it, idx in enumerate(_batches(data.n, pc["batch_size"], tr.order, device, pc["drop_last"])):
             set_lr(tr.opt, lr_at(pc, epoch, it, iters))
-            if wc["method"] == "uns_cl":
-                out = tr.uns_step(data, idx)
-            else:
-                out = tr.step(data, idx, same_label, everyone, read_memory=False, supervised_warmup=True)
+            with eager_step(it == data.n // pc["batch_size"]):     # the last, smaller batch: not compiled
+                if wc["method"] == "uns_cl":
+                    out = tr.uns_step(data, idx)
+                else:
+                    out = tr.step(data, idx, same_label, everyone, read_memory=False, supervised_warmup=True)
             means.add(out, len(idx))
         row = {"epoch": epoch, "lr": tr.opt.param_groups[0]["lr"], **means.means()}
         history.append(row)
@@ -649,7 +651,8 @@ def pretrain(cfg: dict, data: TrainData, warm: dict, device, ckpt: Checkpointer,
         t0 = time.perf_counter()
         for it, idx in enumerate(_batches(data.n, pc["batch_size"], tr.order, device, pc["drop_last"])):
             set_lr(tr.opt, lr_at(pc, epoch, it, iters))
-            means.add(tr.step(data, idx, rule, T_idx, read_memory), len(idx))
+            with eager_step(it == data.n // pc["batch_size"]):     # the last, smaller batch: not compiled
+                means.add(tr.step(data, idx, rule, T_idx, read_memory), len(idx))
         synchronize(device)
         t1 = time.perf_counter()
         # Per-epoch selection from the online network (§5), then the log.
@@ -718,33 +721,34 @@ def _train_classifier(model, data: TrainData, idx_pool: torch.Tensor, tc: dict, 
             idx = idx_pool[b]                             # this rank's shard of the batch
             x = data.x[idx]
             y = data.noisy[idx]
-            v = _views(x, g, data, strong=strong)
-            if mixup_alpha is None:                       # plain CE (baseline)
-                with autocast(device):
-                    _, logits = net(v)
-                loss = F.cross_entropy(logits.float(), y)
-            else:
-                # λ ~ Beta(α, α). The authors fold it to max(λ, 1−λ): (1−λ, π) mixes the batch
-                # of (λ, π⁻¹) in another row order, so the loss has the same distribution.
-                lam = float(np_rng.beta(mixup_alpha, mixup_alpha))
-                perm = torch.randperm(len(idx), generator=g, device=device)
-                with autocast(device):
-                    _, logits = net(losses.mix(v, lam, perm))
-                logits = logits.float()
-                if bootstrap > 0:
-                    # Bootstrapping target: a train-mode forward of the un-augmented image at
-                    # every iteration, after the mixed one (the authors' loop; it also updates
-                    # the BatchNorm running statistics), z = argmax, no gradient (SPEC §10.3).
-                    # The eager `model` (same weights): a CUDA-graph replay between the
-                    # graphed forward and its backward would force cudagraph trees off.
-                    with torch.no_grad(), autocast(device):
-                        _, clean_logits = model(augment.eval_view(x, data.mean, data.std, data.crop)
-                                                .contiguous(memory_format=memory_format(device)))
-                    zb = clean_logits.float().argmax(1)
-                if bootstrap > 0 and bootstrap_start is not None and epoch > bootstrap_start:
-                    loss = losses.mixup_bootstrap_loss(logits, y, y[perm], zb, zb[perm], lam, bootstrap)
+            with eager_step(it == n // B):               # the last, smaller batch: not compiled
+                v = _views(x, g, data, strong=strong)
+                if mixup_alpha is None:                   # plain CE (baseline)
+                    with autocast(device):
+                        _, logits = net(v)
+                    loss = F.cross_entropy(logits.float(), y)
                 else:
-                    loss = losses.mixup_cross_entropy(logits, y, y[perm], lam)
+                    # λ ~ Beta(α, α). The authors fold it to max(λ, 1−λ): (1−λ, π) mixes the batch
+                    # of (λ, π⁻¹) in another row order, so the loss has the same distribution.
+                    lam = float(np_rng.beta(mixup_alpha, mixup_alpha))
+                    perm = torch.randperm(len(idx), generator=g, device=device)
+                    with autocast(device):
+                        _, logits = net(losses.mix(v, lam, perm))
+                    logits = logits.float()
+                    if bootstrap > 0:
+                        # Bootstrapping target: a train-mode forward of the un-augmented image at
+                        # every iteration, after the mixed one (the authors' loop; it also updates
+                        # the BatchNorm running statistics), z = argmax, no gradient (SPEC §10.3).
+                        # The eager `model` (same weights): a CUDA-graph replay between the
+                        # graphed forward and its backward would force cudagraph trees off.
+                        with torch.no_grad(), autocast(device):
+                            _, clean_logits = model(augment.eval_view(x, data.mean, data.std, data.crop)
+                                                    .contiguous(memory_format=memory_format(device)))
+                        zb = clean_logits.float().argmax(1)
+                    if bootstrap > 0 and bootstrap_start is not None and epoch > bootstrap_start:
+                        loss = losses.mixup_bootstrap_loss(logits, y, y[perm], zb, zb[perm], lam, bootstrap)
+                    else:
+                        loss = losses.mixup_cross_entropy(logits, y, y[perm], lam)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()

@@ -78,20 +78,34 @@ def test_training_graphs_are_static(graphs, tmp_path, monkeypatch, recompute):
     assert 4 <= len(seen) <= 6 and not any(seen), seen
 
 
-def test_the_kept_last_batch_gets_static_graphs_too(graphs, tmp_path, monkeypatch, caplog):
-    """The paper's loaders keep an epoch's last, smaller batch (`drop_last: false`): every
-    call site gets a second size, more graphs of the one forward than Dynamo's default
-    recompile limit (8), past which it would run the rest eagerly. All static, none refused."""
+def test_the_kept_last_batch_runs_eagerly(graphs, tmp_path, monkeypatch):
+    """The paper's loaders keep an epoch's last, smaller batch (`drop_last: false`).
+    Compiled, it would give every call site a second static graph, forward and backward
+    (about half of a fresh process's compilation, for one step an epoch); it runs eagerly
+    instead (`device.eager_step`), so a process compiles the graphs of full batches alone."""
     seen, _ = graphs
-    config = torch._dynamo.config
-    limit = config.recompile_limit              # by hand: monkeypatch's undo breaks a config module
-    config.recompile_limit = 8                  # the default, whatever ran before
-    try:
-        _one_process(tmp_path, monkeypatch, n=250, drop_last=False)      # 3 batches of 64 and one of 58
-    finally:
-        config.recompile_limit = limit
-    assert 8 < len(seen) <= device.RECOMPILE_LIMIT and not any(seen), seen
-    assert "recompile_limit" not in caplog.text
+    for sub in ("a", "b"):
+        (tmp_path / sub).mkdir()
+    _one_process(tmp_path / "a", monkeypatch, n=256, drop_last=True)     # 4 batches of 64
+    full_batches = len(seen)
+    torch._dynamo.reset()
+    seen.clear()
+    _one_process(tmp_path / "b", monkeypatch, n=250, drop_last=False)    # 3 of 64 and one of 58
+    assert len(seen) == full_batches and not any(seen), seen
+
+
+def test_eager_step_switches_a_compiled_forward_to_its_module(monkeypatch):
+    monkeypatch.setattr(device, "compiles", lambda d: True)
+    monkeypatch.setattr(torch, "compile", lambda m, **kw: (lambda x: "graph"))
+    net = torch.nn.Linear(2, 2)
+    fwd = device.compiled(net)
+    x = torch.zeros(1, 2)
+    assert fwd(x) == "graph"
+    with device.eager_step():
+        assert torch.equal(fwd(x), net(x)) and device.in_eager_step()
+    with device.eager_step(False):
+        assert fwd(x) == "graph"
+    assert fwd(x) == "graph" and not device.in_eager_step()
 
 
 def test_the_check_sees_dynamic_graphs(graphs, tmp_path, monkeypatch):
@@ -130,3 +144,6 @@ def test_selcl_compile_0_turns_every_compiled_part_off(monkeypatch):
         assert device.compiles(torch.device("cpu")) is expected
         train._views(x, None, data)
         assert asked[-1] is expected
+        with device.eager_step():             # an epoch's last, smaller batch: eager too
+            train._views(x, None, data)
+        assert asked[-1] is False
