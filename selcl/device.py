@@ -178,10 +178,11 @@ def eager_step(on: bool = True):
     (`in_eager_step`) run eagerly. The loops use it for an epoch's last, smaller batch (the
     authors' loaders keep it: 391 CIFAR steps, the last of 80). Static graphs are one per
     shape, so that one step in 391 would compile a second graph of every call site,
-    forward and backward, and of the augmentation: about half of a fresh process's
-    compilation (272 s to the end of the first pre-training epoch on a fresh H200,
-    2026-12-04), for a step that eager runs in tens of milliseconds. Same arithmetic, up
-    to float rounding (the kernels differ)."""
+    forward and backward, and of the augmentation: half the graphs a fresh process
+    compiles (a fresh H200 took 272 s to the end of the first pre-training epoch,
+    2026-12-04, nearly all compiling; the saving is not yet timed on a GPU), for a step
+    that eager runs in tens of milliseconds. Same arithmetic, up to float rounding (the
+    kernels differ)."""
     global _eager_step
     before, _eager_step = _eager_step, on
     try:
