@@ -80,7 +80,8 @@ echo "step: retained graph ${a:-?} ms, recomputed ${b:-?} ms; SELCL_SIM_RECOMPUT
 # "auto": as many epochs as fit in the time left, from the step time in ms ($1; without a
 # measurement 38 ms, the H200's of 2026-11-27, whose epochs took 22.5 s). Fixed costs
 # ≈ 200 s (data, warm-up and first-epoch compilation, fine-tuning, final evaluation; a
-# subset still evaluates all 10,000 test images every epoch, and its tail batch compiles); per
+# subset still evaluates all 10,000 test images every epoch; its last, smaller batch runs
+# eagerly since 31d00a2, so these 200 s may now be high: not yet timed on a GPU); per
 # Sel-CL epoch: training + 0.7 s selection/k-NN, plus 15/40 of a 2.5 s fine-tuning epoch.
 finetune_for_P() { F=$(( (P * 15 + 20) / 40 > 3 ? (P * 15 + 20) / 40 : 3 )); }   # ≈ 15/40 of P, at least 3
 # SUBSET=N: 10·N images, 10·N/128 steps; selection and fine-tuning shrink with the images.

@@ -164,8 +164,9 @@ def eval_batch_size(device: torch.device) -> int:
 
 
 def compiles(device: torch.device) -> bool:
-    """Whether the training forwards run under torch.compile: on CUDA, unless SELCL_COMPILE=0
-    (and, step by step, not inside `eager_step`)."""
+    """Whether the training forwards run under torch.compile: on CUDA, unless SELCL_COMPILE=0.
+    Decided once per process; step by step, `compiled`'s forwards and the callers of
+    `in_eager_step` (the augmentation) also run eagerly inside `eager_step`."""
     return is_cuda(device) and env_flag("SELCL_COMPILE", True)
 
 
@@ -205,7 +206,7 @@ class _Compiled:
         return (self.module if _eager_step else self.graph)(x)
 
 
-RECOMPILE_LIMIT = 64   # Dynamo graphs per compiled function (its default, 8, is too few: `compiled`)
+RECOMPILE_LIMIT = 64   # Dynamo graphs per compiled function: headroom over its default, 8 (`compiled`)
 
 
 def compiled(model: torch.nn.Module, cuda_graphs: bool = True):

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -181,6 +182,13 @@ def steps_per_epoch(n: int, batch_size: int, drop_last: bool = False) -> int:
     return full + (not drop_last and tail >= dist.world_size())
 
 
+def _last_smaller(it: int, n: int, batch_size: int) -> bool:
+    """Whether step `it` of `_batches` is the epoch's last, smaller batch (kept unless
+    drop_last; it runs eagerly on CUDA: `device.eager_step`). A set smaller than one batch
+    has no full batch to compile for, and compiles its one batch."""
+    return it == n // batch_size > 0
+
+
 def _batches(n: int, batch_size: int, g: torch.Generator, device, drop_last: bool = False):
     """Shuffled global index batches of `batch_size`. When `batch_size` does not divide n
     the last one is smaller and kept, as the authors' loaders keep it, so every example is
@@ -292,7 +300,7 @@ def warmup(cfg: dict, data: TrainData, device, ckpt: Checkpointer, on_epoch=None
         means = EpochMeans()
         for it, idx in enumerate(_batches(data.n, pc["batch_size"], tr.order, device, pc["drop_last"])):
             set_lr(tr.opt, lr_at(pc, epoch, it, iters))
-            with eager_step(it == data.n // pc["batch_size"]):     # the last, smaller batch: not compiled
+            with eager_step(_last_smaller(it, data.n, pc["batch_size"])):
                 if wc["method"] == "uns_cl":
                     out = tr.uns_step(data, idx)
                 else:
@@ -340,8 +348,8 @@ class Pretrainer:
     g: torch.Generator
     np_rng: np.random.Generator
     pc: dict
-    net: torch.nn.Module | None = None   # training forward of `model` (DDP / CUDA graphs); None: model
-    ema_net: torch.nn.Module | None = None  # forward of the EMA network; None: ema.model
+    net: Callable | None = None      # training forward of `model` (DDP / CUDA graphs); None: model
+    ema_net: Callable | None = None  # forward of the EMA network; None: ema.model
     order: torch.Generator | None = None  # batch order (DDP: same on all ranks); None: `g`
     uns_temperature: float = 0.1    # τ of the MoCo loss u_i (warmup.temperature; the authors' uns_t)
     sim_recompute: bool = False     # L_SIM's gradient from its own forward (see `step`; SELCL_SIM_RECOMPUTE)
@@ -651,7 +659,7 @@ def pretrain(cfg: dict, data: TrainData, warm: dict, device, ckpt: Checkpointer,
         t0 = time.perf_counter()
         for it, idx in enumerate(_batches(data.n, pc["batch_size"], tr.order, device, pc["drop_last"])):
             set_lr(tr.opt, lr_at(pc, epoch, it, iters))
-            with eager_step(it == data.n // pc["batch_size"]):     # the last, smaller batch: not compiled
+            with eager_step(_last_smaller(it, data.n, pc["batch_size"])):
                 means.add(tr.step(data, idx, rule, T_idx, read_memory), len(idx))
         synchronize(device)
         t1 = time.perf_counter()
@@ -721,7 +729,7 @@ def _train_classifier(model, data: TrainData, idx_pool: torch.Tensor, tc: dict, 
             idx = idx_pool[b]                             # this rank's shard of the batch
             x = data.x[idx]
             y = data.noisy[idx]
-            with eager_step(it == n // B):               # the last, smaller batch: not compiled
+            with eager_step(_last_smaller(it, n, B)):
                 v = _views(x, g, data, strong=strong)
                 if mixup_alpha is None:                   # plain CE (baseline)
                     with autocast(device):

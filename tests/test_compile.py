@@ -32,11 +32,12 @@ def graphs(monkeypatch):
     import torch._functorch.config as functorch_config   # set by device.compiled: restored here
     donated = functorch_config.donated_buffer             # (monkeypatch's undo breaks a config module)
     seen, real = [], torch.compile
-    opts = {"force_dynamic": False}
+    opts = {"force_dynamic": False, "rows": []}   # rows: the leading sizes of each graph's tensor inputs
 
     def record(gm, example_inputs):
         seen.append(any(isinstance(n.meta.get("example_value"), torch.SymInt)
                         for n in gm.graph.nodes if n.op == "placeholder"))
+        opts["rows"].append({t.shape[0] for t in example_inputs if isinstance(t, torch.Tensor) and t.dim()})
         return gm.forward
 
     def compile_recording(fn, mode=None, dynamic=None, **kw):
@@ -83,15 +84,21 @@ def test_the_kept_last_batch_runs_eagerly(graphs, tmp_path, monkeypatch):
     Compiled, it would give every call site a second static graph, forward and backward
     (about half of a fresh process's compilation, for one step an epoch); it runs eagerly
     instead (`device.eager_step`), so a process compiles the graphs of full batches alone."""
-    seen, _ = graphs
+    from selcl import train
+    seen, opts = graphs
+    monkeypatch.setattr(train, "compiles", lambda d: True)   # the augmentation compiles too
     for sub in ("a", "b"):
         (tmp_path / sub).mkdir()
     _one_process(tmp_path / "a", monkeypatch, n=256, drop_last=True)     # 4 batches of 64
     full_batches = len(seen)
+    assert full_batches >= 5                  # networks and augmentation did compile
     torch._dynamo.reset()
-    seen.clear()
+    augment._apply_strong_compiled.cache_clear()
+    seen.clear(), opts["rows"].clear()
     _one_process(tmp_path / "b", monkeypatch, n=250, drop_last=False)    # 3 of 64 and one of 58
     assert len(seen) == full_batches and not any(seen), seen
+    tail_rows = {58, 2 * 58, 3 * 58}          # a view, two (L_CLS, augmentation), three (main pass)
+    assert not any(rows & tail_rows for rows in opts["rows"]), opts["rows"]
 
 
 def test_eager_step_switches_a_compiled_forward_to_its_module(monkeypatch):
