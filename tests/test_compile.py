@@ -83,20 +83,13 @@ def test_the_kept_last_batch_runs_eagerly(graphs, tmp_path, monkeypatch):
     """The paper's loaders keep an epoch's last, smaller batch (`drop_last: false`).
     Compiled, it would give every call site a second static graph, forward and backward
     (about half of a fresh process's compilation, for one step an epoch); it runs eagerly
-    instead (`device.eager_step`), so a process compiles the graphs of full batches alone."""
+    instead (`device.eager_step`): no graph of the process holds the last batch's rows."""
     from selcl import train
     seen, opts = graphs
     monkeypatch.setattr(train, "compiles", lambda d: True)   # the augmentation compiles too
-    for sub in ("a", "b"):
-        (tmp_path / sub).mkdir()
-    _one_process(tmp_path / "a", monkeypatch, n=256, drop_last=True)     # 4 batches of 64
-    full_batches = len(seen)
-    assert full_batches >= 5                  # networks and augmentation did compile
-    torch._dynamo.reset()
-    augment._apply_strong_compiled.cache_clear()
-    seen.clear(), opts["rows"].clear()
-    _one_process(tmp_path / "b", monkeypatch, n=250, drop_last=False)    # 3 of 64 and one of 58
-    assert len(seen) == full_batches and not any(seen), seen
+    _one_process(tmp_path, monkeypatch, n=250, drop_last=False)          # 3 batches of 64 and one of 58
+    assert len(seen) >= 5 and not any(seen), seen    # the networks and the augmentation did compile
+    assert any(64 in rows for rows in opts["rows"]) and any(128 in rows for rows in opts["rows"])
     tail_rows = {58, 2 * 58, 3 * 58}          # a view, two (L_CLS, augmentation), three (main pass)
     assert not any(rows & tail_rows for rows in opts["rows"]), opts["rows"]
 
