@@ -21,7 +21,7 @@ sys.path.insert(0, str(ROOT))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from selcl import checkpoint  # noqa: E402
+from selcl import checkpoint, device as selcl_device  # noqa: E402
 from selcl.config import load_params, resolve  # noqa: E402
 from selcl.data import load_dataset  # noqa: E402
 from selcl.device import describe, get_device, synchronize  # noqa: E402
@@ -56,6 +56,9 @@ def main() -> None:
     cfg = resolve(load_params(ROOT / "params.yaml"), "cifar10_sym20")
     cfg["pretrain"]["epochs"] = cfg["warmup"]["epochs"] + args.epochs   # epochs in all (SPEC §10.3)
     cfg["model"]["arch"] = args.arch
+    # a few epochs, compiled as the full run's 249 (device.worth_compiling would run them
+    # eagerly): the table projects the full run from them
+    selcl_device.COMPILE_MIN_STEPS = 0
     if args.arch == "small":
         cfg["model"].update(width=16, blocks=[1, 1, 1, 1])
     cfg["finetune"]["epochs"] = args.finetune_epochs

@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from selcl import checkpoint  # noqa: E402
+from selcl import checkpoint, device as selcl_device  # noqa: E402
 from selcl.config import load_params, resolve  # noqa: E402
 from selcl.data import load_dataset  # noqa: E402
 from selcl.device import describe, get_device, synchronize  # noqa: E402
@@ -89,6 +89,9 @@ def main() -> None:
         cfg["warmup"]["queue_size"] = max(B, round(cfg["warmup"]["queue_size"] * n / 50_000))
         for section in ("pretrain", "evaluate"):
             cfg[section]["k"] = max(5, round(cfg[section]["k"] * n / 50_000))
+        # every loop compiled, however few its steps: its step times project the full
+        # run's, whose loops compile (device.worth_compiling)
+        selcl_device.COMPILE_MIN_STEPS = 0
     steps = steps_per_epoch(n, cfg["pretrain"]["batch_size"])       # Sel-CL steps per epoch
     P, F = args.epochs, args.finetune_epochs
     E = args.ce_epochs or P + F

@@ -196,6 +196,24 @@ def in_eager_step() -> bool:
     return _eager_step
 
 
+# A training loop compiles (CUDA) only when it has at least this many steps left in the
+# process. Compiling a loop's graphs costs tens of seconds to minutes (the fresh H200 of
+# 2026-12-04: 117 s for the one-epoch Uns-CL warm-up, 391 steps, nearly all of it
+# compiling) and saves about 15 ms a step (an H200's pre-training step: 39.6 ms eager,
+# 24.6 ms graphed, compile_check_h200.md): 30 s of compilation pays after 2,000 steps,
+# 100 s after ~6,700. So 2,000 errs towards compiling. On the paper's settings only
+# CIFAR's one warm-up epoch falls under it (WebVision's five: ~5,150 steps); so do
+# shortened runs and a loop resumed near its end.
+COMPILE_MIN_STEPS = 2000
+
+
+def worth_compiling(steps: int) -> bool:
+    """Whether a loop with `steps` training steps left in this process compiles: its steps
+    run inside `eager_step` otherwise (a no-op off CUDA and with SELCL_COMPILE=0, where
+    nothing compiles)."""
+    return steps >= COMPILE_MIN_STEPS
+
+
 class _Compiled:
     """The compiled forward of `module`, or `module` itself inside `eager_step`."""
 

@@ -30,7 +30,7 @@ from tqdm.auto import tqdm
 from . import augment, dist, losses
 from .checkpoint import Checkpointer
 from .device import (autocast, compiled, compiles, eager_step, env_flag, in_eager_step, is_cuda, knn_index_for,
-                     memory_format, split_views, synchronize)
+                     memory_format, split_views, synchronize, worth_compiling)
 from .evaluate import argmax_accuracy, embed, test_accuracy, weighted_knn_accuracy
 from .memory import KeyQueue, LabelledMemory
 from .errors import ConfigError, DivergedError
@@ -293,6 +293,7 @@ def warmup(cfg: dict, data: TrainData, device, ckpt: Checkpointer, on_epoch=None
         tr.load_state_dict(state)
         history, start = state["history"], state["epoch"] + 1
     iters = steps_per_epoch(data.n, pc["batch_size"], pc["drop_last"])
+    short = not worth_compiling((wc["epochs"] - start + 1) * iters)   # CUDA: eager (CIFAR's one epoch)
     everyone = torch.arange(data.n, device=device)
     same_label = pair_rule(None, data.noisy, data.clean, selected_sets="all")
     for epoch in _progress(range(start, wc["epochs"] + 1), "warm-up", total=wc["epochs"], initial=start - 1):
@@ -300,7 +301,7 @@ def warmup(cfg: dict, data: TrainData, device, ckpt: Checkpointer, on_epoch=None
         means = EpochMeans()
         for it, idx in enumerate(_batches(data.n, pc["batch_size"], tr.order, device, pc["drop_last"])):
             set_lr(tr.opt, lr_at(pc, epoch, it, iters))
-            with eager_step(_last_smaller(it, data.n, pc["batch_size"])):
+            with eager_step(short or _last_smaller(it, data.n, pc["batch_size"])):
                 if wc["method"] == "uns_cl":
                     out = tr.uns_step(data, idx)
                 else:
@@ -643,6 +644,7 @@ def pretrain(cfg: dict, data: TrainData, warm: dict, device, ckpt: Checkpointer,
     else:
         selection = run_selection(tr.model, data, pc, epoch=first - 1)   # selection after the warm-up
     iters = steps_per_epoch(data.n, pc["batch_size"], pc["drop_last"])
+    short = not worth_compiling((pc["epochs"] - start + 1) * iters)   # CUDA: too few steps to compile
     bar = _progress(range(start, pc["epochs"] + 1), "pre-train", total=pc["epochs"] - first + 1,
                     initial=start - first)
     for epoch in bar:
@@ -659,7 +661,7 @@ def pretrain(cfg: dict, data: TrainData, warm: dict, device, ckpt: Checkpointer,
         t0 = time.perf_counter()
         for it, idx in enumerate(_batches(data.n, pc["batch_size"], tr.order, device, pc["drop_last"])):
             set_lr(tr.opt, lr_at(pc, epoch, it, iters))
-            with eager_step(_last_smaller(it, data.n, pc["batch_size"])):
+            with eager_step(short or _last_smaller(it, data.n, pc["batch_size"])):
                 means.add(tr.step(data, idx, rule, T_idx, read_memory), len(idx))
         synchronize(device)
         t1 = time.perf_counter()
@@ -720,6 +722,7 @@ def _train_classifier(model, data: TrainData, idx_pool: torch.Tensor, tc: dict, 
         raise ConfigError(f"{desc}: {n} training example(s) cannot be split over the {dist.world_size()} "
                           f"processes (SELCL_NPROC); run fewer processes")
     iters = steps_per_epoch(n, B, tc["drop_last"])
+    short = not worth_compiling((tc["epochs"] - start + 1) * iters)   # CUDA: too few steps to compile
     bar = _progress(range(start, tc["epochs"] + 1), desc, total=tc["epochs"], initial=start - 1)
     for epoch in bar:
         model.train()
@@ -729,7 +732,7 @@ def _train_classifier(model, data: TrainData, idx_pool: torch.Tensor, tc: dict, 
             idx = idx_pool[b]                             # this rank's shard of the batch
             x = data.x[idx]
             y = data.noisy[idx]
-            with eager_step(_last_smaller(it, n, B)):
+            with eager_step(short or _last_smaller(it, n, B)):
                 v = _views(x, g, data, strong=strong)
                 if mixup_alpha is None:                   # plain CE (baseline)
                     with autocast(device):

@@ -52,10 +52,12 @@ def graphs(monkeypatch):
     augment._apply_strong_compiled.cache_clear()
 
 
-def _one_process(tmp_path, monkeypatch, n: int = 256, drop_last: bool = True):
-    """Warm-up, pre-training (memory read, L_CLS on), fine-tuning and the CE baseline in one
-    process, as `bench/gpu_real.py`, on `n` digits, the CUDA path's one call per step."""
+def _setup(tmp_path, monkeypatch, n: int, drop_last: bool, min_steps: int):
+    """A short asym40 digits setting on `n` examples (batch 64), compiled as on CUDA, with
+    one call per step, and loops of `min_steps` steps or more compiling
+    (`device.worth_compiling`; the tests' loops are all short)."""
     monkeypatch.setattr(device, "compiles", lambda d: True)
+    monkeypatch.setattr(device, "COMPILE_MIN_STEPS", min_steps)
     monkeypatch.setenv("SELCL_SPLIT_VIEWS", "0")
     cfg = copy.deepcopy(resolve(load_params(ROOT / "params.yaml"), "demo_asym40"))
     cfg["pretrain"].update(epochs=3, memory_start_epoch=2, lr_warmup_epochs=1, lr_decay_epochs=[],
@@ -64,7 +66,13 @@ def _one_process(tmp_path, monkeypatch, n: int = 256, drop_last: bool = True):
     cfg["baseline"].update(epochs=1, lr_decay_epochs=[], eval_last=1, drop_last=drop_last)
     data = digits_data({"kind": "asym", "rate": 0.4, "seed": 1}, n=n, n_test=64)
     ck = lambda name: checkpoint.Checkpointer(tmp_path / f"{name}.pt", name, 1000)  # noqa: E731
-    cpu = torch.device("cpu")
+    return cfg, data, ck, torch.device("cpu")
+
+
+def _one_process(tmp_path, monkeypatch, n: int = 256, drop_last: bool = True):
+    """Warm-up, pre-training (memory read, L_CLS on), fine-tuning and the CE baseline in one
+    process, as `bench/gpu_real.py`, on `n` digits, every loop compiled."""
+    cfg, data, ck, cpu = _setup(tmp_path, monkeypatch, n, drop_last, min_steps=0)
     pre = pretrain(cfg, data, warmup(cfg, data, cpu, ck("warmup")), cpu, ck("pretrain"))
     finetune(cfg, data, pre, cpu, ck("finetune"))
     baseline(cfg, data, cpu, ck("baseline"))
@@ -92,6 +100,35 @@ def test_the_kept_last_batch_runs_eagerly(graphs, tmp_path, monkeypatch):
     assert any(64 in rows for rows in opts["rows"]) and any(128 in rows for rows in opts["rows"])
     tail_rows = {58, 2 * 58, 3 * 58}          # a view, two (L_CLS, augmentation), three (main pass)
     assert not any(rows & tail_rows for rows in opts["rows"]), opts["rows"]
+
+
+def test_a_loop_too_short_to_repay_compilation_runs_eagerly(graphs, tmp_path, monkeypatch):
+    """A loop compiles only with `device.COMPILE_MIN_STEPS` steps or more left: here 5, so
+    the one-epoch warm-up (4 steps), fine-tuning and CE (1 epoch each) run eagerly and
+    only pre-training (2 epochs, 8 steps) compiles; networks and augmentation alike."""
+    from selcl import train
+    seen, opts = graphs
+    monkeypatch.setattr(train, "compiles", lambda d: True)   # the augmentation compiles too
+    cfg, data, ck, cpu = _setup(tmp_path, monkeypatch, 256, drop_last=True, min_steps=5)
+    warm = warmup(cfg, data, cpu, ck("warmup"))
+    assert seen == []
+    pre = pretrain(cfg, data, warm, cpu, ck("pretrain"))
+    compiled_in_pretrain = len(seen)
+    assert compiled_in_pretrain >= 3 and any(192 in rows for rows in opts["rows"]), opts["rows"]  # 3B: main pass
+    finetune(cfg, data, pre, cpu, ck("finetune"))
+    baseline(cfg, data, cpu, ck("baseline"))
+    assert len(seen) == compiled_in_pretrain, opts["rows"]
+
+
+def test_the_paper_settings_compile_all_but_the_cifar_warm_up():
+    """The bar's place: CIFAR's one warm-up epoch (391 steps) runs eagerly; the paper's
+    other loops (WebVision's 5 warm-up epochs of ~1,030 steps, 70 fine-tuning epochs, …)
+    and the GPU lease's shortened ones (24 Sel-CL epochs, 12 fine-tuning epochs on a T of
+    ~27,000 images: 211 steps each) compile."""
+    cifar = 391
+    assert not device.worth_compiling(cifar)
+    assert device.worth_compiling(5 * 1030) and device.worth_compiling(70 * cifar)
+    assert device.worth_compiling(23 * cifar) and device.worth_compiling(12 * 211)
 
 
 def test_eager_step_switches_a_compiled_forward_to_its_module(monkeypatch):
