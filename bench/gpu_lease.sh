@@ -25,6 +25,11 @@
 # path (keep GPU_LEASE_DIR). Inductor keys its entries on the torch and Triton versions and
 # the GPU, so a cache from another image or card is a miss, never a wrong kernel; a hit
 # compiles nothing new and changes no number (the same kernels).
+#
+# Beside the run, $run/telemetry.txt gets a line every GPU_LEASE_SAMPLE (5) s: the time,
+# the host's load and the GPU's clocks, power, temperature, use and clock-event reasons
+# (run 5's epochs went from 22-25 s to 15-18 s mid-run, cause unknown: this says whether
+# the card or the host changed pace).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 run=${GPU_LEASE_DIR:-/tmp/gpu_lease}
@@ -45,6 +50,18 @@ cache_out() {   # the compilation cache into $OUT, whole parts only (built besid
   else split -b 15M "$run/parts/inductor.tgz" "$run/parts/inductor.tgz." && rm "$run/parts/inductor.tgz" \
          && mv "$run/parts"/inductor.tgz.* "$out/" && echo "gpu_lease: compilation cache returned ($mb MiB)"; fi
   rm -rf "$run/parts"
+}
+telemetry() {   # until killed: one line every GPU_LEASE_SAMPLE s (nvidia-smi's fields where it runs)
+  local q=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,utilization.gpu,memory.used
+  command -v nvidia-smi > /dev/null || q=""
+  # clock-event reasons (throttling) where this driver knows the field
+  [ -n "$q" ] && nvidia-smi --query-gpu="$q,clocks_event_reasons.active" --format=csv,noheader > /dev/null 2>&1 \
+    && q="$q,clocks_event_reasons.active"
+  [ -n "$q" ] && echo "# gpu: $q"
+  while :; do
+    echo "$(date +%s) load $(cut -d' ' -f1-3 /proc/loadavg)${q:+ gpu $(nvidia-smi --query-gpu="$q" --format=csv,noheader 2>&1 | head -1)}"
+    sleep "${GPU_LEASE_SAMPLE:-5}"
+  done
 }
 finished() { [ -f "$run/rc" ]; }
 alive() { [ -f "$run/pid" ] && kill -0 "$(cat "$run/pid")" 2>/dev/null; }
@@ -73,9 +90,11 @@ case "${1:-}" in
         rm -rf "$run/inductor"; echo "gpu_lease: $cache_in/inductor.tgz.* is not one whole archive: compiling from nothing"
       fi
     fi
-    setsid nohup bash -c 'echo $$ > "$4/pid"; bash bench/gpu_real.sh "$1" "$2" "$3" "$4"; echo $? > "$4/rc"' \
+    setsid nohup bash -c 'echo $$ > "$4/pid"; bash bench/gpu_lease.sh telemetry > "$4/telemetry.txt" 2>&1 & t=$!
+      bash bench/gpu_real.sh "$1" "$2" "$3" "$4"; rc=$?; kill $t; echo $rc > "$4/rc"' \
       _ "$3" "$4" "$5" "$run" > "$run/driver.log" 2>&1 < /dev/null &
     follow "$2" ;;
+  telemetry) telemetry ;;
   wait)
     [ -d "$run" ] || { echo "gpu_lease: no run in $run (a fresh machine? the first call's run is gone)" >&2; exit 2; }
     follow 100000 ;;

@@ -273,3 +273,40 @@ def test_a_carried_cache_of_two_leases_mixed_is_left_out(tmp_path):
     again = lease(tmp_path, "start", "30", "data.tar.gz", "4", "2", out="out2", GPU_LEASE_CACHE=str(carried), SLEEP="2")
     assert again.returncode == 0 and "not one whole archive" in again.stdout
     assert "CACHE HIT" not in (tmp_path / "calls.txt").read_text()
+
+
+def _member(tmp_path: Path, out: str, name: str) -> str:
+    import tarfile
+    with tarfile.open(tmp_path / out / "r.tgz") as tar:
+        return next(tar.extractfile(m).read().decode() for m in tar.getmembers() if Path(m.name).name == name)
+
+
+SMI = """#!/usr/bin/env bash
+# stand-in for nvidia-smi: one row of the fields asked for
+echo "$*" >> "$SMI_CALLS"
+echo "2026/12/04 10:00:00.000, 1980 MHz, 3201 MHz, 512.30 W, 51, 97 %, 1234 MiB, 0x0000000000000000"
+"""
+
+
+@pytest.mark.parametrize("gpu", [True, False])
+def test_a_lease_run_logs_the_pace_of_the_card_and_the_host_beside_it(tmp_path, gpu):
+    """Every GPU_LEASE_SAMPLE s a line of the time, the host's load and (where nvidia-smi
+    runs) the GPU's clocks, power and clock-event reasons, in the run's snapshot."""
+    path = os.environ["PATH"]
+    if gpu:
+        smi = tmp_path / "bin" / "nvidia-smi"
+        smi.parent.mkdir()
+        smi.write_text(SMI)
+        smi.chmod(smi.stat().st_mode | stat.S_IEXEC)
+        path = f"{smi.parent}:{path}"
+    else:   # this machine's PATH, less any real nvidia-smi
+        path = ":".join(d for d in path.split(":") if not (Path(d) / "nvidia-smi").exists())
+    r = lease(tmp_path, "start", "30", "data.tar.gz", "4", "2", out="out", SLEEP="3", GPU_LEASE_SAMPLE="1",
+              PATH=path, SMI_CALLS=str(tmp_path / "smi.txt"))
+    assert r.returncode == 0 and "the run ended (exit 0)" in r.stdout, r.stdout
+    samples = [ln for ln in _member(tmp_path, "out", "telemetry.txt").splitlines() if not ln.startswith("#")]
+    assert len(samples) >= 2, samples
+    assert all(re.fullmatch(r"\d+ load [\d.]+ [\d.]+ [\d.]+" + (" gpu 2026/12/04 .*, 1980 MHz, .*" if gpu else ""), ln)
+               for ln in samples), samples
+    if gpu:
+        assert "clocks_event_reasons.active" in (tmp_path / "smi.txt").read_text()
