@@ -176,7 +176,8 @@ _eager_step = False   # set by `eager_step`: this step's compiled parts run eage
 @contextlib.contextmanager
 def eager_step(on: bool = True):
     """Within it, the compiled training forwards (`compiled`) and augmentation
-    (`in_eager_step`) run eagerly. The loops use it for an epoch's last, smaller batch (the
+    (`in_eager_step`) run eagerly. The loops use it for every step of a loop too short to
+    repay compilation (`worth_compiling`) and for an epoch's last, smaller batch (the
     authors' loaders keep it: 391 CIFAR steps, the last of 80). Static graphs are one per
     shape, so that one step in 391 would compile a second graph of every call site,
     forward and backward, and of the augmentation: half the graphs a fresh process
