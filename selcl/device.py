@@ -314,7 +314,32 @@ def cpu_id() -> str:
     model = " ".join(f"{k.split()[-1]} {fields[k]}" for k in ("cpu family", "model", "stepping") if k in fields)
     extra = " ".join(sorted(flags & {"amx_tile", "avx512_bf16", "avx512_fp16"}))
     isa = torch.backends.cpu.get_cpu_capability() + (f" + {extra}" if extra else "")
-    return "; ".join(part for part in (model or platform.machine(), isa, f"L2 {l2}") if part)
+    blas = faiss_blas_core()
+    return "; ".join(part for part in (model or platform.machine(), isa, f"L2 {l2}",
+                                       blas and f"faiss OpenBLAS {blas}") if part)
+
+
+def faiss_blas_core() -> str | None:
+    """The kernel set the OpenBLAS bundled with faiss-cpu chose for this CPU ("SkylakeX",
+    "Haswell", …; the environment variable OPENBLAS_CORETYPE overrides it), or None where
+    faiss has no such library. Its float32 GEMM computes the flat k-NN search's
+    similarities, and kernels round differently: two hosts whose torch kernels agree kept
+    different 25th neighbours of one example at a 1.7e-7 near-tie (bench/results/cpu_real.md,
+    "One pseudo-label of 2,000")."""
+    try:
+        import ctypes
+        import faiss
+    except ImportError:  # pragma: no cover - faiss is a hard dependency
+        return None
+    libs = sorted((Path(faiss.__file__).parent.parent / "faiss_cpu.libs").glob("libopenblas*.so*"))
+    if not libs:
+        return None
+    try:
+        get = ctypes.CDLL(str(libs[0])).openblas_get_corename   # the copy faiss has loaded
+    except (OSError, AttributeError):
+        return None
+    get.restype = ctypes.c_char_p
+    return get().decode()
 
 
 def describe(device: torch.device) -> dict:

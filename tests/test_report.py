@@ -4,9 +4,11 @@ the realised noise rate explained, commit and params hash on top, numbers-only m
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
+import pytest
 import yaml
 
 from selcl.config import resolve
@@ -270,15 +272,19 @@ def test_the_environment_names_the_host_cpu_and_its_threads():
 
 def test_the_environment_tells_hosts_of_one_model_name_apart(tmp_path, monkeypatch):
     """Two hosts both named "Intel(R) Xeon(R) Processor" round one float differently: the
-    run records family / model / stepping, the kernels' ISA and the L2, and the report shows it."""
+    run records family / model / stepping, the kernels' ISA and the L2, and the kernel set of
+    faiss's OpenBLAS, and the report shows it."""
     import torch
 
-    from selcl.device import cpu_id, describe
+    from selcl.device import cpu_id, describe, faiss_blas_core
     env = describe(torch.device("cpu"))
     assert env["cpu_id"] == cpu_id()
     parts = env["cpu_id"].split("; ")
-    assert len(parts) == 3 and parts[1].startswith(torch.backends.cpu.get_cpu_capability())
+    blas = faiss_blas_core()
+    assert len(parts) == 3 + bool(blas) and parts[1].startswith(torch.backends.cpu.get_cpu_capability())
     assert parts[2].startswith("L2 ")
+    if blas:
+        assert parts[3] == f"faiss OpenBLAS {blas}"
     if Path("/proc/cpuinfo").exists():
         assert parts[0].startswith("family ") and " model " in parts[0] and " stepping " in parts[0]
     params = yaml.safe_load((ROOT / "params.yaml").read_text())
@@ -290,6 +296,23 @@ def test_the_environment_tells_hosts_of_one_model_name_apart(tmp_path, monkeypat
                  load_tables(ROOT / "references" / "paper_tables.yaml"), tmp_path / "reports", plots_dir=tmp_path / "plots")
     md = (tmp_path / "reports" / "README.md").read_text()
     assert f"| cifar10_sym20 | cpu | {env['cpu']} ({env['cpu_id']}) |" in md
+
+
+def test_the_kernel_set_of_faiss_openblas_is_the_one_it_runs_with():
+    """faiss-cpu's bundled OpenBLAS (the pinned wheel has one on Linux x86-64) names the
+    kernel set it chose for this CPU, and OPENBLAS_CORETYPE, read when it loads, pins it."""
+    import platform
+    import subprocess
+    import sys
+
+    from selcl.device import faiss_blas_core
+    if platform.system() != "Linux" or platform.machine() != "x86_64":
+        pytest.skip("the faiss-cpu wheel bundles OpenBLAS on Linux x86-64")
+    assert faiss_blas_core()
+    code = "from selcl.device import faiss_blas_core; print(faiss_blas_core())"
+    pinned = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                            env={**os.environ, "OPENBLAS_CORETYPE": "Sandybridge"}, cwd=ROOT)
+    assert pinned.stdout.strip() == "Sandybridge"
 
 
 def test_each_setting_section_states_its_network_images_and_averaging_window():
