@@ -17,11 +17,15 @@ in the first chunk, so for the others it stays among its own neighbours); if the
 entry is not among the k+1 (more than k exact duplicates of the query come before it),
 the last entry is dropped instead.
 
-Ties in similarity go to the lower key index (as a stable sort would): faiss keeps
-an arbitrary member of a tied group that straddles the k-th place, so the exact
-search asks for one extra hit, and rows where the k-th and (k+1)-th similarities are
-equal (exact duplicates) are recomputed by the torch brute force; within a returned
-row, tied entries are re-sorted lower index first.
+The k neighbours are the exact ones: ties in similarity go to the lower key index (as a
+stable sort would), and a float32 near-tie at the k-th place is settled in float64. faiss
+keeps an arbitrary member of a tied group that straddles the k-th place, and float32
+similarities are off by up to ~d·2⁻²⁴, differently on each BLAS kernel (faiss-cpu's
+OpenBLAS picks one by CPU; bench/results/cpu_real.md, "One pseudo-label of 2,000"). So
+the exact searches ask for `MARGIN` extra hits, and rows whose k-th and (k+1)-th
+similarities lie within twice that error are re-scored in float64 (`_exact_boundary`):
+one set of neighbours on every host. Within a returned row, tied entries are re-sorted
+lower index first.
 
 Queries are processed in batches, so memory is O(batch·k) on top of the index; an
 N×N similarity matrix never exists (faiss tiles its own BLAS blocks, 4096×1024).
@@ -129,20 +133,66 @@ def _canonical_ties(sims: torch.Tensor, idx: torch.Tensor):
     return sims, idx
 
 
-def _resolve_boundary_ties(sims, idx, q: np.ndarray, keys: np.ndarray, kk: int):
-    """[B, kk+1] → [B, kk] with ties at the boundary going to the lower index.
+MARGIN = 8                 # hits searched past the kk-th: room for a float32 near-tie band
 
-    faiss keeps an arbitrary member of a group of equal similarities that straddles
-    the kk-th place (its heaps prefer higher ids). Where hit kk and hit kk+1 are equal
-    the row is recomputed by the torch brute force (exact ties); elsewhere the
-    top-kk set is unambiguous. Only rows with exact duplicates at the boundary pay."""
-    amb = sims[:, kk - 1] == sims[:, kk]
-    sims, idx = sims[:, :kk].contiguous(), idx[:, :kk].contiguous()
-    if amb.any():
-        r = amb.nonzero().squeeze(1)
-        sims[r], idx[r] = _torch_topk(torch.from_numpy(q[r.numpy()]), torch.from_numpy(keys),
-                                      kk, self_offset=None)
-    return sims, idx
+
+def f32_error(d: int) -> float:
+    """A bound on |float32 similarity − exact similarity| of two float32 unit vectors of
+    dimension d, whatever kernel or summation order computed it: γ_d = d·u / (1 − d·u),
+    u = 2⁻²⁴, times Σ|q_i·k_i| ≤ ‖q‖·‖k‖ (1.001: the stored norms' rounding)."""
+    u = 2.0 ** -24
+    return 1.001 * d * u / (1 - d * u)
+
+
+def _sims64(q64: torch.Tensor, keys64: torch.Tensor) -> torch.Tensor:
+    """[r, d] · [..., d] in float64, each similarity summed alone in one order (products of
+    float32 numbers are exact in float64), so that equal keys score exactly equal."""
+    return (q64.unsqueeze(-2) * keys64).sum(-1)
+
+
+def _exact_boundary(sims: torch.Tensor, idx: torch.Tensor, q: torch.Tensor, keys: torch.Tensor, kk: int,
+                    complete: bool, self_offset: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """[B, H] hits sorted by float32 similarity (H > kk; `complete`: every key) → the exact
+    top kk of each row, equal similarities by lower index.
+
+    A float32 similarity is off by up to ε = `f32_error(d)`, and BLAS kernels round
+    differently (faiss-cpu's OpenBLAS picks one by CPU: bench/results/cpu_real.md, "One
+    pseudo-label of 2,000"). Where hit kk+1 lies more than 2ε under hit kk, the float32
+    top kk is the exact one, whatever the kernel. Elsewhere every hit is re-scored in
+    float64 and the top kk by (−sim, index) kept, similarities rounded back to float32;
+    a row whose hits all lie within 2ε of hit kk (a band that may run past them) is
+    re-scored over every key. Exact ties at the boundary (duplicates) are such rows too.
+    `self_offset`: row r's own key r + self_offset is excluded (−inf) as in the search."""
+    eps2 = 2 * f32_error(keys.shape[1])
+    amb = sims[:, kk - 1] - sims[:, kk] <= eps2
+    out_s, out_i = sims[:, :kk].contiguous(), idx[:, :kk].contiguous()
+    if not amb.any():
+        return out_s, out_i
+    keys64 = keys.double()
+    for rows in amb.nonzero().squeeze(1).split(256):              # bounded float64 work per chunk
+        q64, cand = q[rows].double(), idx[rows]
+        s64 = _sims64(q64, keys64[cand.clamp_min(0)])             # [r, H]
+        s64 = s64.masked_fill((cand < 0) | (sims[rows] == -torch.inf), -torch.inf)  # no hit / self
+        s_b, i_b = _top_by_sim_then_index(s64, kk, cand)
+        past = sims[rows, -1] >= sims[rows, kk - 1] - eps2
+        for j in ([] if complete else past.nonzero().squeeze(1).tolist()):
+            full = _sims64(q64[j:j + 1], keys64)                  # [1, N]
+            if self_offset is not None:
+                full[0, int(rows[j]) + self_offset] = -torch.inf
+            s_b[j], i_b[j] = (t[0] for t in _top_by_sim_then_index(full, kk))
+        out_s[rows], out_i[rows] = s_b.to(out_s.dtype), i_b
+    return out_s, out_i
+
+
+def _top_by_sim_then_index(s: torch.Tensor, k: int, ids: torch.Tensor | None = None):
+    """Per row, the k entries of largest s, equal s by lower id (`ids`; default the
+    column), in that order: (sims, ids)."""
+    if ids is None:
+        ids = torch.arange(s.shape[1], device=s.device).expand_as(s)
+    o = torch.sort(ids, dim=1, stable=True).indices                        # by id ...
+    s, ids = s.gather(1, o), ids.gather(1, o)
+    o = torch.sort(s, dim=1, descending=True, stable=True).indices[:, :k]   # ... then by sim
+    return s.gather(1, o), ids.gather(1, o)
 
 
 def _drop_self(sims: torch.Tensor, idx: torch.Tensor, rows: torch.Tensor):
@@ -195,11 +245,13 @@ def iter_knn(queries: torch.Tensor, keys: torch.Tensor, k: int, *, exclude_self:
     for s in range(0, q_n, batch_size):
         q = keys_np[s:s + batch_size] if (exclude_self and queries is keys) \
             else _as_numpy(queries[s:s + batch_size])
-        # flat: one extra hit tells whether a tie straddles the k-th place
-        d_np, i_np = built.index.search(q, kk + 1 if exact else kk)
+        # flat: extra hits tell whether a float32 near-tie straddles the kk-th place
+        hits = min(kk + 1 + MARGIN, n) if exact else kk
+        d_np, i_np = built.index.search(q, hits)
         sims, idx = _canonical_ties(torch.from_numpy(d_np), torch.from_numpy(i_np))
-        if exact:
-            sims, idx = _resolve_boundary_ties(sims, idx, q, keys_np, kk)
+        if hits > kk:
+            sims, idx = _exact_boundary(sims, idx, torch.from_numpy(q), torch.from_numpy(keys_np), kk,
+                                        complete=hits == n)
         if exclude_self:
             rows = torch.arange(s, s + q.shape[0], dtype=torch.int64)
             sims, idx = _drop_self(sims, idx, rows)
@@ -249,16 +301,21 @@ def _torch_topk(q: torch.Tensor, keys: torch.Tensor, k: int, self_offset: int | 
 
     torch.topk finds the k-th largest value v; everything > v is in, and of the
     entries == v the lowest-indexed ones fill the remaining places (a cumsum over
-    the tie mask). The k winners are then ordered by (−sim, index)."""
+    the tie mask). The k winners are then ordered by (−sim, index). `MARGIN` more are
+    kept for `_exact_boundary`, which settles float32 near-ties at the k-th place."""
     s = _sims_masked(q, keys, self_offset)
-    v = torch.topk(s, k, dim=1, sorted=False).values.amin(1, keepdim=True)   # k-th best
+    hits = min(k + 1 + MARGIN, s.shape[1])    # then the float32 near-ties as `iter_knn`'s flat search
+    v = torch.topk(s, hits, dim=1, sorted=False).values.amin(1, keepdim=True)   # hits-th best
     gt, eq = s > v, s == v
-    need = k - gt.sum(1, keepdim=True, dtype=torch.int32)
+    need = hits - gt.sum(1, keepdim=True, dtype=torch.int32)
     keep = gt | (eq & (eq.cumsum(1, dtype=torch.int32) <= need))
-    idx = keep.nonzero()[:, 1].view(-1, k)                  # exactly k per row, ascending
+    idx = keep.nonzero()[:, 1].view(-1, hits)               # exactly `hits` per row, ascending
     sims = s.gather(1, idx)
     o = torch.sort(sims, dim=1, descending=True, stable=True).indices
-    return sims.gather(1, o), idx.gather(1, o)
+    sims, idx = sims.gather(1, o), idx.gather(1, o)
+    if hits == k:
+        return sims, idx
+    return _exact_boundary(sims, idx, q, keys, k, complete=hits == s.shape[1], self_offset=self_offset)
 
 
 def knn_torch(queries: torch.Tensor, keys: torch.Tensor, k: int, *, exclude_self: bool = False,
