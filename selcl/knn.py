@@ -157,30 +157,44 @@ def _exact_boundary(sims: torch.Tensor, idx: torch.Tensor, q: torch.Tensor, keys
 
     A float32 similarity is off by up to ε = `f32_error(d)`, and BLAS kernels round
     differently (faiss-cpu's OpenBLAS picks one by CPU: bench/results/cpu_real.md, "One
-    pseudo-label of 2,000"). Where hit kk+1 lies more than 2ε under hit kk, the float32
-    top kk is the exact one, whatever the kernel. Elsewhere every hit is re-scored in
-    float64 and the top kk by (−sim, index) kept, similarities rounded back to float32;
-    a row whose hits all lie within 2ε of hit kk (a band that may run past them) is
-    re-scored over every key. Exact ties at the boundary (duplicates) are such rows too.
+    pseudo-label of 2,000"). With t the kk-th hit's float32 similarity, fewer than kk keys
+    can be exactly above t + ε and at least kk are at or above t − ε, so the exact kk-th
+    similarity lies in [t − ε, t + ε]: a hit above t + 2ε is in the exact top kk, one under
+    t − 2ε is out. Rows whose hit kk+1 lies above t − 2ε have hits in that band: those are
+    re-scored in float64 and the band's best fill the places left, by (−sim, index); a row
+    whose every hit lies in or above the band (it may run past them) is re-scored over
+    every key. Exact ties at the boundary (duplicates) are such rows too.
     `self_offset`: row r's own key r + self_offset is excluded (−inf) as in the search."""
     eps2 = 2 * f32_error(keys.shape[1])
     amb = sims[:, kk - 1] - sims[:, kk] <= eps2
     out_s, out_i = sims[:, :kk].contiguous(), idx[:, :kk].contiguous()
     if not amb.any():
         return out_s, out_i
-    keys64 = keys.double()
-    for rows in amb.nonzero().squeeze(1).split(256):              # bounded float64 work per chunk
-        q64, cand = q[rows].double(), idx[rows]
-        s64 = _sims64(q64, keys64[cand.clamp_min(0)])             # [r, H]
-        s64 = s64.masked_fill((cand < 0) | (sims[rows] == -torch.inf), -torch.inf)  # no hit / self
-        s_b, i_b = _top_by_sim_then_index(s64, kk, cand)
-        past = sims[rows, -1] >= sims[rows, kk - 1] - eps2
-        for j in ([] if complete else past.nonzero().squeeze(1).tolist()):
-            full = _sims64(q64[j:j + 1], keys64)                  # [1, N]
-            if self_offset is not None:
-                full[0, int(rows[j]) + self_offset] = -torch.inf
-            s_b[j], i_b[j] = (t[0] for t in _top_by_sim_then_index(full, kk))
-        out_s[rows], out_i[rows] = s_b.to(out_s.dtype), i_b
+    rows = amb.nonzero().squeeze(1)
+    s, ids = sims[rows], idx[rows]
+    t = s[:, kk - 1:kk]
+    sure = s > t + eps2                                           # in, whatever the kernel
+    band = (s >= t - eps2) & ~sure & (ids >= 0)                   # faiss' −1: no hit
+    r, c = band.nonzero().unbind(1)
+    q64 = q[rows].double()
+    val = torch.full_like(s, -torch.inf, dtype=torch.float64)
+    val[r, c] = (q64[r] * keys[ids[r, c]].double()).sum(-1)        # the band, in float64 (one order)
+    val = torch.where(sure, s.double(), val)
+    # sure hits first, then the band by (−sim, index): the first kk, then in (−sim, index) order
+    rank = torch.where(sure, 1.0, 0.0).double()
+    o = torch.sort(ids, dim=1, stable=True).indices
+    val, ids, rank = val.gather(1, o), ids.gather(1, o), rank.gather(1, o)
+    o = torch.sort(val, dim=1, descending=True, stable=True).indices
+    val, ids, rank = val.gather(1, o), ids.gather(1, o), rank.gather(1, o)
+    o = torch.sort(rank, dim=1, descending=True, stable=True).indices[:, :kk]
+    s_b, i_b = _top_by_sim_then_index(val.gather(1, o), kk, ids.gather(1, o))
+    past = s[:, -1] >= t[:, 0] - eps2                             # the band may run past the hits
+    for j in ([] if complete else past.nonzero().squeeze(1).tolist()):
+        full = _sims64(q64[j:j + 1], keys.double())              # [1, N]
+        if self_offset is not None:
+            full[0, int(rows[j]) + self_offset] = -torch.inf
+        s_b[j], i_b[j] = (x[0] for x in _top_by_sim_then_index(full, kk))
+    out_s[rows], out_i[rows] = s_b.to(out_s.dtype), i_b
     return out_s, out_i
 
 
