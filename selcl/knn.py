@@ -253,7 +253,7 @@ def iter_knn(queries: torch.Tensor, keys: torch.Tensor, k: int, *, exclude_self:
     if isinstance(index, KnnIndex):
         built = index
     else:
-        use_gpu = use_gpu is not False and kk + 1 <= GPU_MAX_K   # faiss GPU: k ≤ 2048
+        use_gpu = use_gpu is not False and kk + 1 + MARGIN <= GPU_MAX_K   # faiss GPU: k ≤ 2048
         built = build_index(keys, index, use_gpu=use_gpu, nprobe=nprobe, nlist=nlist, seed=seed)
     keys_np, exact = built.keys, built.exact
     for s in range(0, q_n, batch_size):
