@@ -41,7 +41,7 @@ import torch
 
 from selcl.device import faiss_gpu_available
 
-DEFAULT_BATCH = 16384      # queries per faiss call: bounds the [B, k+1] result buffers
+DEFAULT_BATCH = 16384      # queries per faiss call: bounds the [B, k+1+MARGIN] result buffers
 GPU_MAX_K = 2048           # faiss GPU k-selection limit
 _GPU_RES = {}              # one StandardGpuResources per GPU, created lazily
 
@@ -144,12 +144,6 @@ def f32_error(d: int) -> float:
     return 1.001 * d * u / (1 - d * u)
 
 
-def _sims64(q64: torch.Tensor, keys64: torch.Tensor) -> torch.Tensor:
-    """[r, d] · [..., d] in float64, each similarity summed alone in one order (products of
-    float32 numbers are exact in float64), so that equal keys score exactly equal."""
-    return (q64.unsqueeze(-2) * keys64).sum(-1)
-
-
 def _exact_boundary(sims: torch.Tensor, idx: torch.Tensor, q: torch.Tensor, keys: torch.Tensor, kk: int,
                     complete: bool, self_offset: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """[B, H] hits sorted by float32 similarity (H > kk; `complete`: every key) → the exact
@@ -161,40 +155,47 @@ def _exact_boundary(sims: torch.Tensor, idx: torch.Tensor, q: torch.Tensor, keys
     can be exactly above t + ε and at least kk are at or above t − ε, so the exact kk-th
     similarity lies in [t − ε, t + ε]: a hit above t + 2ε is in the exact top kk, one under
     t − 2ε is out. Rows whose hit kk+1 lies above t − 2ε have hits in that band: those are
-    re-scored in float64 and the band's best fill the places left, by (−sim, index); a row
-    whose every hit lies in or above the band (it may run past them) is re-scored over
-    every key. Exact ties at the boundary (duplicates) are such rows too.
+    re-scored in float64 and the band's best fill the places left, by (−sim, index). A row
+    whose every hit lies in or above the band (it may run past them) is re-scored over the
+    keys a float32 pass puts at t − 2ε or above (every member is among them, whatever the
+    kernel). Exact ties at the boundary (duplicates) are such rows too.
     `self_offset`: row r's own key r + self_offset is excluded (−inf) as in the search."""
     eps2 = 2 * f32_error(keys.shape[1])
-    amb = sims[:, kk - 1] - sims[:, kk] <= eps2
+    amb = sims[:, kk - 1].double() - sims[:, kk].double() <= eps2
     out_s, out_i = sims[:, :kk].contiguous(), idx[:, :kk].contiguous()
     if not amb.any():
         return out_s, out_i
     rows = amb.nonzero().squeeze(1)
-    s, ids = sims[rows], idx[rows]
+    s, ids = sims[rows].double(), idx[rows]                       # thresholds in float64 too
     t = s[:, kk - 1:kk]
     sure = s > t + eps2                                           # in, whatever the kernel
     band = (s >= t - eps2) & ~sure & (ids >= 0)                   # faiss' −1: no hit
     r, c = band.nonzero().unbind(1)
     q64 = q[rows].double()
-    val = torch.full_like(s, -torch.inf, dtype=torch.float64)
-    val[r, c] = (q64[r] * keys[ids[r, c]].double()).sum(-1)        # the band, in float64 (one order)
-    val = torch.where(sure, s.double(), val)
+    val = torch.full_like(s, -torch.inf)
+    val[r, c] = (q64[r] * keys[ids[r, c]].double()).sum(-1)        # the band, in float64
+    val = torch.where(sure, s, val)
     # sure hits first, then the band by (−sim, index): the first kk, then in (−sim, index) order
-    rank = torch.where(sure, 1.0, 0.0).double()
+    rank = sure.double()
     o = torch.sort(ids, dim=1, stable=True).indices
     val, ids, rank = val.gather(1, o), ids.gather(1, o), rank.gather(1, o)
     o = torch.sort(val, dim=1, descending=True, stable=True).indices
     val, ids, rank = val.gather(1, o), ids.gather(1, o), rank.gather(1, o)
     o = torch.sort(rank, dim=1, descending=True, stable=True).indices[:, :kk]
     s_b, i_b = _top_by_sim_then_index(val.gather(1, o), kk, ids.gather(1, o))
-    past = s[:, -1] >= t[:, 0] - eps2                             # the band may run past the hits
-    for j in ([] if complete else past.nonzero().squeeze(1).tolist()):
-        full = _sims64(q64[j:j + 1], keys.double())              # [1, N]
-        if self_offset is not None:
-            full[0, int(rows[j]) + self_offset] = -torch.inf
-        s_b[j], i_b[j] = (x[0] for x in _top_by_sim_then_index(full, kk))
-    out_s[rows], out_i[rows] = s_b.to(out_s.dtype), i_b
+    past = (s[:, -1] >= t[:, 0] - eps2).nonzero().squeeze(1)      # the band may run past the hits
+    if not complete and len(past):
+        keys64 = keys.double()
+        for part in past.split(64):                               # [64, N] at a time
+            full = _sims_masked(q[rows[part]], keys, None).double()
+            if self_offset is not None:
+                full[torch.arange(len(part), device=full.device), rows[part] + self_offset] = -torch.inf
+            fr, fc = (full >= t[part] - eps2).nonzero().unbind(1)  # every member, on any kernel
+            exact = torch.full_like(full, -torch.inf)
+            exact[fr, fc] = (q64[part][fr] * keys64[fc]).sum(-1)
+            s_b[part], i_b[part] = _top_by_sim_then_index(exact, kk)
+    # float64 → float32 can make two similarities equal: those again lower index first
+    out_s[rows], out_i[rows] = _canonical_ties(s_b.to(out_s.dtype), i_b)
     return out_s, out_i
 
 
@@ -261,6 +262,8 @@ def iter_knn(queries: torch.Tensor, keys: torch.Tensor, k: int, *, exclude_self:
             else _as_numpy(queries[s:s + batch_size])
         # flat: extra hits tell whether a float32 near-tie straddles the kk-th place
         hits = min(kk + 1 + MARGIN, n) if exact else kk
+        if "Gpu" in type(built.index).__name__:          # a prebuilt GPU index: its k limit
+            hits = max(kk, min(hits, GPU_MAX_K))
         d_np, i_np = built.index.search(q, hits)
         sims, idx = _canonical_ties(torch.from_numpy(d_np), torch.from_numpy(i_np))
         if hits > kk:
@@ -302,8 +305,14 @@ def knn_search(queries: torch.Tensor, keys: torch.Tensor, k: int, *, exclude_sel
 # ----------------------------------------------------------------------------- torch
 
 def _sims_masked(q: torch.Tensor, keys: torch.Tensor, self_offset: int | None) -> torch.Tensor:
-    """[B, N] float32 sims of a query batch; the query's own key (exclude_self) → −inf."""
-    s = q.float() @ keys.float().T
+    """[B, N] float32 sims of a query batch; the query's own key (exclude_self) → −inf.
+    Never under autocast; on CUDA from a float64 product, since a float32 one may run in
+    TF32 there (a flag of the caller's), whose error is far above `f32_error`."""
+    with torch.autocast(q.device.type, enabled=False):
+        if q.is_cuda:
+            s = (q.double() @ keys.double().T).float()
+        else:
+            s = q.float() @ keys.float().T
     if self_offset is not None:
         r = torch.arange(q.shape[0], device=s.device)
         s[r, r + self_offset] = -torch.inf

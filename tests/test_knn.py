@@ -156,14 +156,16 @@ def test_prebuilt_index_is_reusable():
         assert torch.equal(c[1][:, 1:], a[1][:100, :19])        # row 0 of c: the query itself
 
 
-def near_ties(n=2000, d=128, k=10, n_queries=120, seed=0):
-    """Random float32 unit vectors, and for each of the first `n_queries` rows a copy of its
-    k-th neighbour with one entry moved by one float32 ulp, appended: the k-th and
-    (k+1)-th neighbours of that row then differ by ~1e-9, under float32 GEMM's error
-    (~1e-8 for d = 128), so a float32 search orders them as its kernel rounds."""
+
+def near_ties(n=2000, d=128, k=10, n_queries=120, exclude_self=False, seed=0):
+    """Random float32 unit vectors, and for each of the first `n_queries` rows a copy of the
+    k-th neighbour of its search (`exclude_self` as there) with one entry moved by one
+    float32 ulp, appended: that row's k-th and (k+1)-th neighbours then differ by ~1e-9,
+    under float32 GEMM's error (~1e-8 for d = 128), so a float32 search orders them as its
+    kernel rounds."""
     g = torch.Generator().manual_seed(seed)
     keys = unit(torch.randn(n, d, generator=g))
-    _, ref_i = ref_knn(keys[:n_queries], keys, k, exclude_self=True)
+    _, ref_i = ref_knn(keys[:n_queries], keys, k, exclude_self=exclude_self)
     twins = keys[torch.from_numpy(ref_i[:, k - 1])].clone()
     col = torch.randint(d, (n_queries,), generator=g)
     rows = torch.arange(n_queries)
@@ -173,14 +175,16 @@ def near_ties(n=2000, d=128, k=10, n_queries=120, seed=0):
 
 
 @pytest.mark.parametrize("index", ["flat", "torch"])
-def test_the_kth_neighbour_is_exact_at_float32_near_ties(index):
+@pytest.mark.parametrize("exclude_self", [False, True])
+def test_the_kth_neighbour_is_exact_at_float32_near_ties(index, exclude_self):
     """The top-k set is the exact one (float64, ties → lower index) where the k-th and
     (k+1)-th similarities lie closer than float32's error: the same on every BLAS
-    kernel (faiss-cpu's OpenBLAS picks one by CPU; bench/results/cpu_real.md)."""
-    keys, nq = near_ties()
+    kernel (faiss-cpu's OpenBLAS picks one by CPU; bench/results/cpu_real.md). The
+    planted twins cross the k-th place in about a quarter of the rows."""
     k = 10
-    _, ref_i = ref_knn(keys[:nq], keys, k, exclude_self=False)
-    sims, idx = knn_search(keys[:nq], keys, k, index=index)
-    np.testing.assert_array_equal(np.sort(idx.numpy(), 1), np.sort(ref_i, 1))
+    keys, nq = near_ties(k=k, exclude_self=exclude_self)
+    q = keys if exclude_self else keys[:nq]          # exclude_self: the queries are the keys
+    _, ref_i = ref_knn(q[:nq], keys, k, exclude_self=exclude_self)
+    sims, idx = knn_search(q, keys, k, index=index, exclude_self=exclude_self)
+    np.testing.assert_array_equal(np.sort(idx[:nq].numpy(), 1), np.sort(ref_i, 1))
     assert (sims[:, 1:] <= sims[:, :-1]).all()
-
