@@ -175,14 +175,9 @@ def _exact_boundary(sims: torch.Tensor, idx: torch.Tensor, q: torch.Tensor, keys
     val = torch.full_like(s, -torch.inf)
     val[r, c] = (q64[r] * keys[ids[r, c]].double()).sum(-1)        # the band, in float64
     val = torch.where(sure, s, val)
-    # sure hits first, then the band by (−sim, index): the first kk, then in (−sim, index) order
-    rank = sure.double()
-    o = torch.sort(ids, dim=1, stable=True).indices
-    val, ids, rank = val.gather(1, o), ids.gather(1, o), rank.gather(1, o)
-    o = torch.sort(val, dim=1, descending=True, stable=True).indices
-    val, ids, rank = val.gather(1, o), ids.gather(1, o), rank.gather(1, o)
-    o = torch.sort(rank, dim=1, descending=True, stable=True).indices[:, :kk]
-    s_b, i_b = _top_by_sim_then_index(val.gather(1, o), kk, ids.gather(1, o))
+    # the kk kept: every sure hit (fewer than kk), then the band's best by (−sim, index) ...
+    o = _order_by_sim_then_index(torch.where(sure, torch.inf, val), ids)[:, :kk]
+    s_b, i_b = _top_by_sim_then_index(val.gather(1, o), kk, ids.gather(1, o))   # ... in that order
     past = (s[:, -1] >= t[:, 0] - eps2).nonzero().squeeze(1)      # the band may run past the hits
     if not complete and len(past):
         keys64 = keys.double()
@@ -199,14 +194,19 @@ def _exact_boundary(sims: torch.Tensor, idx: torch.Tensor, q: torch.Tensor, keys
     return out_s, out_i
 
 
+def _order_by_sim_then_index(s: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """Per row, the column order by descending s, equal s by lower id: [B, H] int64."""
+    by_id = torch.sort(ids, dim=1, stable=True).indices                                   # by id ...
+    by_sim = torch.sort(s.gather(1, by_id), dim=1, descending=True, stable=True).indices  # ... then by s
+    return by_id.gather(1, by_sim)
+
+
 def _top_by_sim_then_index(s: torch.Tensor, k: int, ids: torch.Tensor | None = None):
     """Per row, the k entries of largest s, equal s by lower id (`ids`; default the
     column), in that order: (sims, ids)."""
     if ids is None:
         ids = torch.arange(s.shape[1], device=s.device).expand_as(s)
-    o = torch.sort(ids, dim=1, stable=True).indices                        # by id ...
-    s, ids = s.gather(1, o), ids.gather(1, o)
-    o = torch.sort(s, dim=1, descending=True, stable=True).indices[:, :k]   # ... then by sim
+    o = _order_by_sim_then_index(s, ids)[:, :k]
     return s.gather(1, o), ids.gather(1, o)
 
 
