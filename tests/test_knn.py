@@ -156,7 +156,6 @@ def test_prebuilt_index_is_reusable():
         assert torch.equal(c[1][:, 1:], a[1][:100, :19])        # row 0 of c: the query itself
 
 
-
 def near_ties(n=2000, d=128, k=10, n_queries=120, exclude_self=False, seed=0):
     """Random float32 unit vectors, and for each of the first `n_queries` rows a copy of the
     k-th neighbour of its search (`exclude_self` as there) with one entry moved by one
