@@ -64,6 +64,7 @@ class KnnIndex:
     index: object           # faiss index (CPU or GPU)
     keys: np.ndarray        # [N,d] float32, what was added (for exact tie resolution)
     exact: bool             # flat (exact) vs IVF (approximate)
+    gpu: bool = False       # a faiss GPU index: a search returns at most GPU_MAX_K hits
 
 
 def build_index(keys: torch.Tensor, index: str = "flat", *, use_gpu: bool | None = None,
@@ -78,7 +79,7 @@ def build_index(keys: torch.Tensor, index: str = "flat", *, use_gpu: bool | None
             else torch.cuda.current_device()
     keys_np = _as_numpy(keys)
     return KnnIndex(_build_faiss(keys_np, index, use_gpu=gpu, device_id=device_id, nlist=nlist,
-                                 nprobe=nprobe, seed=seed), keys_np, exact=index == "flat")
+                                 nprobe=nprobe, seed=seed), keys_np, exact=index == "flat", gpu=gpu)
 
 
 def _build_faiss(keys: np.ndarray, index: str, *, use_gpu: bool, device_id: int,
@@ -266,7 +267,7 @@ def iter_knn(queries: torch.Tensor, keys: torch.Tensor, k: int, *, exclude_self:
             else _as_numpy(queries[s:s + batch_size])
         # flat: extra hits tell whether a float32 near-tie straddles the kk-th place
         hits = min(kk + 1 + MARGIN, n) if exact else kk
-        if "Gpu" in type(built.index).__name__:          # a prebuilt GPU index: its k limit
+        if built.gpu:                                    # a prebuilt GPU index: its k limit
             hits = max(kk, min(hits, GPU_MAX_K))
         d_np, i_np = built.index.search(q, hits)
         sims, idx = _canonical_ties(torch.from_numpy(d_np), torch.from_numpy(i_np))

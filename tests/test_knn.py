@@ -156,6 +156,32 @@ def test_prebuilt_index_is_reusable():
         assert torch.equal(c[1][:, 1:], a[1][:100, :19])        # row 0 of c: the query itself
 
 
+
+def test_a_gpu_index_is_searched_within_its_k_limit():
+    """faiss GPU returns at most GPU_MAX_K hits: a prebuilt index marked `gpu` (here a CPU
+    index standing in) is searched for no more, and the neighbours stay exact."""
+    import dataclasses
+
+    from selcl.knn import GPU_MAX_K, build_index
+
+    z = with_duplicates(GPU_MAX_K + 60, 8, seed=7)
+    built = build_index(z, "flat", use_gpu=False)
+    assert built.gpu is False
+
+    asked = []
+
+    class Recording:                                  # the search's k, as a GPU index would see it
+        def search(self, q, k):
+            asked.append(k)
+            return built.index.search(q, k)
+
+    as_gpu = dataclasses.replace(built, index=Recording(), gpu=True)
+    k = GPU_MAX_K - 4                                 # k + 1 + MARGIN hits would exceed the limit
+    sims, idx = knn_search(z[:6], z, k, index=as_gpu)
+    assert asked and max(asked) <= GPU_MAX_K
+    ref_s, ref_i = ref_knn(z[:6], z, k)
+    check_same(sims, idx, ref_s, ref_i)
+
 def near_ties(n=2000, d=128, k=10, n_queries=120, exclude_self=False, seed=0):
     """Random float32 unit vectors, and for each of the first `n_queries` rows a copy of the
     k-th neighbour of its search (`exclude_self` as there) with one entry moved by one
