@@ -173,7 +173,7 @@ def _exact_boundary(sims: torch.Tensor, idx: torch.Tensor, q: torch.Tensor, keys
     band = (s >= t - eps2) & ~sure & (ids >= 0)                   # faiss' −1: no hit
     r, c = band.nonzero().unbind(1)
     val = torch.full_like(s, -torch.inf)
-    val[r, c] = _dot64(q[rows][r], keys[ids[r, c]])                # the band, in float64
+    val[r, c] = _dot64(q[rows[r]], keys[ids[r, c]])                # the band, in float64
     val = torch.where(sure, s, val)
     # the kk kept: every sure hit (fewer than kk), then the band's best by (−sim, index) ...
     o = _order_by_sim_then_index(torch.where(sure, torch.inf, val), ids)[:, :kk]
@@ -181,12 +181,13 @@ def _exact_boundary(sims: torch.Tensor, idx: torch.Tensor, q: torch.Tensor, keys
     past = (s[:, -1] >= t[:, 0] - eps2).nonzero().squeeze(1)      # the band may run past the hits
     if not complete and len(past):
         for part in past.split(64):                               # [64, N] at a time
-            full = _sims_masked(q[rows[part]], keys, None).double()
+            qp = q[rows[part]]
+            full = _sims_masked(qp, keys, None).double()
             if self_offset is not None:
                 full[torch.arange(len(part), device=full.device), rows[part] + self_offset] = -torch.inf
             fr, fc = (full >= t[part] - eps2).nonzero().unbind(1)  # every member, on any kernel
             exact = torch.full_like(full, -torch.inf)
-            exact[fr, fc] = _dot64(q[rows[part]][fr], keys[fc])
+            exact[fr, fc] = _dot64(qp[fr], keys[fc])
             s_b[part], i_b[part] = _top_by_sim_then_index(exact, kk)
     # float64 → float32 can make two similarities equal: those again lower index first
     out_s[rows], out_i[rows] = _canonical_ties(s_b.to(out_s.dtype), i_b)

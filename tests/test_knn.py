@@ -156,7 +156,6 @@ def test_prebuilt_index_is_reusable():
         assert torch.equal(c[1][:, 1:], a[1][:100, :19])        # row 0 of c: the query itself
 
 
-
 def test_a_gpu_index_is_searched_within_its_k_limit():
     """faiss GPU returns at most GPU_MAX_K hits: a prebuilt index marked `gpu` (here a CPU
     index standing in) is searched for no more, and the neighbours stay exact."""
@@ -181,6 +180,7 @@ def test_a_gpu_index_is_searched_within_its_k_limit():
     assert asked and max(asked) <= GPU_MAX_K
     ref_s, ref_i = ref_knn(z[:6], z, k)
     check_same(sims, idx, ref_s, ref_i)
+
 
 def near_ties(n=2000, d=128, k=10, n_queries=120, exclude_self=False, seed=0):
     """Random float32 unit vectors, and for each of the first `n_queries` rows a copy of the
