@@ -6,32 +6,16 @@ or on 128. Does the last batch spoil BatchNorm's running statistics?
 
     python bench/results/gpu_real_h200_4/cpu_replay/probes.py /tmp/r4/w/selcl/warmup.pt
 
-(from the repository root, data/cifar10-jpeg.tar.gz in place; the checkpoint is the one
-bench/gpu_real.py leaves in its --workdir)."""
+(from the repository root, data/cifar10-jpeg.tar.gz in place; the data and configuration
+are split.py's; the checkpoint is the one bench/gpu_real.py leaves in its --workdir)."""
 import copy
 import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[4]   # the repository
-sys.path.insert(0, str(ROOT))
+import torch
 
-import torch  # noqa: E402
-
-from selcl import augment  # noqa: E402
-from selcl.config import load_params, resolve  # noqa: E402
-from selcl.data import load_dataset  # noqa: E402
-from selcl.noise import labels_from_config  # noqa: E402
-from selcl.train import TrainData, knn_report, make_model  # noqa: E402
-
-cfg = resolve(load_params(ROOT / "params.yaml"), "cifar10_asym40")
-ds = load_dataset("imagefolder", path=str(ROOT / "data/cifar10-jpeg.tar.gz"), subset=500)
-C = len(ds.classes)
-noisy, _ = labels_from_config(ds.y_train, C, dict(cfg["noise"], asym_map="cifar10"), "imagefolder")
-dev = torch.device("cpu")
-data = TrainData.build({"x_train": ds.x_train, "y_train": ds.y_train, "x_test": ds.x_test, "y_test": ds.y_test,
-                        "mean": ds.mean, "std": ds.std}, {"noisy": noisy, "clean": ds.y_train, "num_classes": C}, dev)
-cfg["model"]["arch"] = "preact_resnet18"
-cfg["evaluate"]["k"] = max(5, round(cfg["evaluate"]["k"] * data.n / 50_000))   # gpu_real.py's subset k (20)
+from split import C, cfg, data, dev
+from selcl import augment
+from selcl.train import knn_report, make_model
 
 
 def score(state: dict, tag: str) -> None:
