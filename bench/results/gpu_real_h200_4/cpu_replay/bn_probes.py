@@ -21,14 +21,23 @@ import sys
 
 import torch
 
-from split import C, cfg, data, dev
+from split import C, cfg, data, dev, score
 from selcl import augment
-from selcl.train import knn_report, make_model
+from selcl.train import make_model
 
 
-def recalibrate(model, views) -> None:
-    """Running statistics := the exact average over `views` (batches of 128)."""
-    bns = [m for m in model.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
+def batch_norms(model) -> list:
+    """(name, module) of every BatchNorm of `model`, in module order."""
+    return [(n, m) for n, m in model.named_modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
+
+
+def recalibrated(state: dict, views):
+    """A model with `state`'s weights whose running statistics are the exact average over
+    `views` (train-mode passes, no gradient); its momentum is restored afterwards."""
+    model = make_model(cfg["model"], C, dev)
+    model.load_state_dict(state)
+    bns = [m for _, m in batch_norms(model)]
+    momenta = [m.momentum for m in bns]
     for m in bns:
         m.reset_running_stats()
         m.momentum = None                      # cumulative average over the passes
@@ -36,8 +45,9 @@ def recalibrate(model, views) -> None:
     with torch.no_grad():
         for x in views:
             model(x)
-    for m in bns:
-        m.momentum = 0.1
+    for m, mom in zip(bns, momenta):
+        m.momentum = mom
+    return model
 
 
 def clean_views():
@@ -54,28 +64,15 @@ def mixed_views(seed: int = 0):
         yield lam * x + (1 - lam) * x[torch.randperm(len(x), generator=g)]
 
 
-def score(state, tag) -> None:
-    out, _ = knn_report(state, cfg, data, dev)
-    print(f"  {tag}: k-NN {out['knn_clean_top1']:.2f} %, classifier {out['selcl_test_top1']:.2f} %", flush=True)
-
-
-def bn_gap(state) -> None:
-    """Per BatchNorm: running statistics against the clean images' exact ones."""
-    m = make_model(cfg["model"], C, dev)
-    m.load_state_dict(state)
-    ref = make_model(cfg["model"], C, dev)
-    ref.load_state_dict(state)
-    recalibrate(ref, clean_views())
-    rows = []
-    for (name, a), b in zip(((n, x) for n, x in m.named_modules()
-                             if isinstance(x, torch.nn.modules.batchnorm._BatchNorm)),
-                            (x for x in ref.modules() if isinstance(x, torch.nn.modules.batchnorm._BatchNorm))):
-        lv = torch.log10(a.running_var / b.running_var)
-        dm = (a.running_mean - b.running_mean).abs() / b.running_var.sqrt()
-        rows.append((name, lv.median().item(), lv.abs().max().item(), dm.median().item(), dm.max().item()))
+def bn_gap(state: dict, clean) -> None:
+    """Per BatchNorm: `state`'s running statistics against those of `clean`, the same
+    weights recalibrated on the clean images."""
     print("  BN layer | log10 var ratio: median / max |.| | mean gap in clean sd: median / max")
-    for r in rows:
-        print(f"  {r[0]} | {r[1]:+.2f} / {r[2]:.2f} | {r[3]:.2f} / {r[4]:.2f}")
+    for name, b in batch_norms(clean):
+        lv = torch.log10(state[f"{name}.running_var"] / b.running_var)
+        dm = (state[f"{name}.running_mean"] - b.running_mean).abs() / b.running_var.sqrt()
+        print(f"  {name} | {lv.median().item():+.2f} / {lv.abs().max().item():.2f} | "
+              f"{dm.median().item():.2f} / {dm.max().item():.2f}")
 
 
 for path in sys.argv[1:]:
@@ -83,13 +80,9 @@ for path in sys.argv[1:]:
     print(f"{path}: epoch {st['epoch']}, recorded k-NN {st['history'][-1]['knn_top1']:.2f} %, "
           f"classifier {st['history'][-1]['test_acc']:.2f} %", flush=True)
     online = st["model"]
-    score(online, "as recorded (online, its running statistics)")
-    for tag, views in (("recalibrated on clean images", clean_views), ("recalibrated on mixed strong views", mixed_views)):
-        m = make_model(cfg["model"], C, dev)
-        m.load_state_dict(online)
-        recalibrate(m, views())
-        score(m.state_dict(), tag)
-    ema = st["ema"]
-    ema = ema.get("model", ema) if isinstance(ema, dict) else ema
-    score(ema, "EMA weights")
-    bn_gap(online)
+    score(online, "as recorded (online, its running statistics)", "  ")
+    clean = recalibrated(online, clean_views())
+    score(clean.state_dict(), "recalibrated on clean images", "  ")
+    score(recalibrated(online, mixed_views()).state_dict(), "recalibrated on mixed strong views", "  ")
+    score(st["ema"]["model"], "EMA weights", "  ")
+    bn_gap(online, clean)

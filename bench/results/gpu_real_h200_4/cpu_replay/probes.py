@@ -13,14 +13,9 @@ import sys
 
 import torch
 
-from split import C, cfg, data, dev
+from split import C, cfg, data, dev, score
 from selcl import augment
-from selcl.train import knn_report, make_model
-
-
-def score(state: dict, tag: str) -> None:
-    out, _ = knn_report(state, cfg, data, dev)
-    print(f"{tag}: k-NN {out['knn_clean_top1']:.2f} %, classifier {out['selcl_test_top1']:.2f} %", flush=True)
+from selcl.train import make_model
 
 
 score(make_model(cfg["model"], C, dev).state_dict(), "freshly initialised (model.seed)")

@@ -13,7 +13,7 @@ import torch  # noqa: E402
 from selcl.config import load_params, resolve  # noqa: E402
 from selcl.data import load_dataset  # noqa: E402
 from selcl.noise import labels_from_config  # noqa: E402
-from selcl.train import TrainData  # noqa: E402
+from selcl.train import TrainData, knn_report  # noqa: E402
 
 cfg = resolve(load_params(ROOT / "params.yaml"), "cifar10_asym40")
 ds = load_dataset("imagefolder", path=str(ROOT / "data/cifar10-jpeg.tar.gz"), subset=500)
@@ -24,3 +24,9 @@ data = TrainData.build({"x_train": ds.x_train, "y_train": ds.y_train, "x_test": 
                         "mean": ds.mean, "std": ds.std}, {"noisy": noisy, "clean": ds.y_train, "num_classes": C}, dev)
 cfg["model"]["arch"] = "preact_resnet18"
 cfg["evaluate"]["k"] = max(5, round(cfg["evaluate"]["k"] * data.n / 50_000))   # gpu_real.py's subset k (20)
+
+
+def score(state: dict, tag: str, indent: str = "") -> None:
+    """Print the eval-mode k-NN of `state`'s encoder (clean labels) and its classifier's test accuracy."""
+    out, _ = knn_report(state, cfg, data, dev)
+    print(f"{indent}{tag}: k-NN {out['knn_clean_top1']:.2f} %, classifier {out['selcl_test_top1']:.2f} %", flush=True)
