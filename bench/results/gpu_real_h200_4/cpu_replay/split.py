@@ -23,7 +23,11 @@ dev = torch.device("cpu")
 data = TrainData.build({"x_train": ds.x_train, "y_train": ds.y_train, "x_test": ds.x_test, "y_test": ds.y_test,
                         "mean": ds.mean, "std": ds.std}, {"noisy": noisy, "clean": ds.y_train, "num_classes": C}, dev)
 cfg["model"]["arch"] = "preact_resnet18"
-cfg["evaluate"]["k"] = max(5, round(cfg["evaluate"]["k"] * data.n / 50_000))   # gpu_real.py's subset k (20)
+B = cfg["pretrain"]["batch_size"]      # gpu_real.py's subset shares of 50,000 (memory, queue, k)
+cfg["pretrain"]["queue_per_class"] = max(-(-B // C), round(cfg["pretrain"]["queue_per_class"] * data.n / 50_000))
+cfg["warmup"]["queue_size"] = max(B, round(cfg["warmup"]["queue_size"] * data.n / 50_000))
+for section in ("pretrain", "evaluate"):
+    cfg[section]["k"] = max(5, round(cfg[section]["k"] * data.n / 50_000))   # 20 for 5,000 images
 
 
 def score(state: dict, tag: str, indent: str = "") -> None:
