@@ -48,6 +48,24 @@ def write_csv(path: Path, rows: list[dict]) -> None:
         w.writerows(rows)
 
 
+def shrink_to_subset(cfg: dict, n: int, num_classes: int) -> None:
+    """A training subset of `n` images: the memory, the MoCo key queue and the k of the
+    selection and of the k-NN evaluation take the paper's shares of the training set
+    (20,000, 10,000, 250 and 200 of 50,000), and pre-training drops its last batch."""
+    B = cfg["pretrain"]["batch_size"]       # the memory holds at least one step's 2B
+    cfg["pretrain"]["queue_per_class"] = max(-(-B // num_classes),
+                                             round(cfg["pretrain"]["queue_per_class"] * n / 50_000))
+    cfg["warmup"]["queue_size"] = max(B, round(cfg["warmup"]["queue_size"] * n / 50_000))
+    for section in ("pretrain", "evaluate"):
+        cfg[section]["k"] = max(5, round(cfg[section]["k"] * n / 50_000))
+    # A subset's pre-training drops its last, smaller batch. 5,000 = 39 × 128 + 8, and
+    # that one step of 8 moved the paper's network 60 times as far as a step of 128 and
+    # set off the collapse of the CPU replay of H200 run 4 at epoch 6
+    # (results/gpu_real_h200_4/cpu_replay). The full set keeps the authors' last batch
+    # (80 of 128), as every setting of params.yaml does.
+    cfg["pretrain"]["drop_last"] = True
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", required=True)
@@ -83,21 +101,11 @@ def main() -> None:
     if args.arch == "small":
         cfg["model"].update(width=16, blocks=[1, 1, 1, 1])
     n = len(ds.y_train)
-    if args.subset:   # the paper's shares of the training set (20,000, 10,000, 250 and 200 of 50,000)
-        B, C = cfg["pretrain"]["batch_size"], len(ds.classes)    # the memory holds at least one step's 2B
-        cfg["pretrain"]["queue_per_class"] = max(-(-B // C), round(cfg["pretrain"]["queue_per_class"] * n / 50_000))
-        cfg["warmup"]["queue_size"] = max(B, round(cfg["warmup"]["queue_size"] * n / 50_000))
-        for section in ("pretrain", "evaluate"):
-            cfg[section]["k"] = max(5, round(cfg[section]["k"] * n / 50_000))
+    if args.subset:
+        shrink_to_subset(cfg, n, len(ds.classes))
         # every loop compiled, however few its steps: its step times project the full
         # run's, whose loops compile (device.worth_compiling)
         selcl_device.COMPILE_MIN_STEPS = 0
-        # A subset's pre-training drops its last, smaller batch. 5,000 = 39 × 128 + 8, and
-        # that one step of 8 moved the paper's network 60 times as far as a step of 128 and
-        # set off the collapse of the CPU replay of H200 run 4 at epoch 6
-        # (results/gpu_real_h200_4/cpu_replay). The full set keeps the authors' last batch
-        # (80 of 128), as every setting of params.yaml does.
-        cfg["pretrain"]["drop_last"] = True
     steps = steps_per_epoch(n, cfg["pretrain"]["batch_size"], cfg["pretrain"]["drop_last"])   # Sel-CL steps per epoch
     P, F = args.epochs, args.finetune_epochs
     E = args.ce_epochs or P + F

@@ -7,6 +7,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[4]   # the repository
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
 
 import torch  # noqa: E402
 
@@ -14,6 +15,7 @@ from selcl.config import load_params, resolve  # noqa: E402
 from selcl.data import load_dataset  # noqa: E402
 from selcl.noise import labels_from_config  # noqa: E402
 from selcl.train import TrainData, knn_report  # noqa: E402
+from gpu_real import shrink_to_subset  # noqa: E402  (bench/gpu_real.py)
 
 cfg = resolve(load_params(ROOT / "params.yaml"), "cifar10_asym40")
 ds = load_dataset("imagefolder", path=str(ROOT / "data/cifar10-jpeg.tar.gz"), subset=500)
@@ -23,11 +25,7 @@ dev = torch.device("cpu")
 data = TrainData.build({"x_train": ds.x_train, "y_train": ds.y_train, "x_test": ds.x_test, "y_test": ds.y_test,
                         "mean": ds.mean, "std": ds.std}, {"noisy": noisy, "clean": ds.y_train, "num_classes": C}, dev)
 cfg["model"]["arch"] = "preact_resnet18"
-B = cfg["pretrain"]["batch_size"]      # gpu_real.py's subset shares of 50,000 (memory, queue, k)
-cfg["pretrain"]["queue_per_class"] = max(-(-B // C), round(cfg["pretrain"]["queue_per_class"] * data.n / 50_000))
-cfg["warmup"]["queue_size"] = max(B, round(cfg["warmup"]["queue_size"] * data.n / 50_000))
-for section in ("pretrain", "evaluate"):
-    cfg[section]["k"] = max(5, round(cfg[section]["k"] * data.n / 50_000))   # 20 for 5,000 images
+shrink_to_subset(cfg, data.n, C)     # gpu_real.py --subset: memory, queue, k (selection 25, k-NN 20), drop_last
 
 
 def score(state: dict, tag: str, indent: str = "") -> None:
