@@ -1,0 +1,97 @@
+"""Test images the presets were not chosen on.
+
+The CPU presets (`cpu_cifar10_asym40`, `cpu_cifar10_sym50`) score every epoch on the first
+`data.subset_test` test images per class, and were chosen, among the configurations tried,
+on those same images. This scores one finished run's final networks on the rest of the
+test set too, so that the margin over CE can be read on images no choice has seen:
+
+    python bench/heldout.py SETTING --run-dir runs/SETTING --ce-checkpoint CKPT [--out FILE]
+
+SETTING's params (params.yaml in the working directory) give the network, the data path
+and the subsets. The networks scored are the run's own outputs: Sel-CL+ (finetune.pt),
+the Sel-CL classifier (pretrain.pt), and CE from a checkpoint the baseline stage wrote at its
+last epoch (the stage deletes its resume state once done, so keep it: see the section of
+bench/results/cpu_real.md that ran this). The run's own test images are checked to be the
+first `subset_test` per class of the full test set, and the accuracy there to equal the
+history's last epoch, before any held-out number is printed.
+"""
+import argparse
+import csv
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from selcl import checkpoint
+from selcl.config import load_setting
+from selcl.data import first_per_class, load_arrays, load_dataset
+from selcl.evaluate import test_accuracy
+from selcl.train import make_model
+
+
+def last_test_acc(history_csv: Path) -> float:
+    with open(history_csv) as f:
+        return float(list(csv.DictReader(f))[-1]["test_acc"])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("setting")
+    ap.add_argument("--run-dir", type=Path, required=True, help="runs/<setting> of the finished run")
+    ap.add_argument("--ce-checkpoint", type=Path, required=True, help="the CE baseline's last-epoch state")
+    ap.add_argument("--params", default="params.yaml")
+    ap.add_argument("--data", default=None, help="the image-folder archive (default: the setting's data.path)")
+    ap.add_argument("--out", type=Path, default=None, help="also write the table here")
+    args = ap.parse_args()
+    torch.set_num_threads(2)
+
+    cfg = load_setting(args.setting, args.params)
+    dc = cfg["data"]
+    if dc["dataset"] != "imagefolder" or dc["subset_test"] is None:
+        raise SystemExit(f"{args.setting}: data.dataset must be imagefolder with data.subset_test set "
+                         f"(there is no held-out part of the test set otherwise)")
+    run = args.run_dir
+    arrays = load_arrays(run / "data.npz")
+    full = load_dataset("imagefolder", path=args.data or dc["path"], subset=dc["subset"], subset_test=None,
+                        image_size=dc["image_size"])
+    seen = first_per_class(full.y_test, dc["subset_test"])
+    held = np.setdiff1d(np.arange(len(full.y_test)), seen)
+    # the run scored its epochs on exactly these images
+    if not (np.array_equal(full.x_test[seen], arrays.x_test) and np.array_equal(full.y_test[seen], arrays.y_test)):
+        raise SystemExit(f"{run / 'data.npz'}: its test images are not the first {dc['subset_test']} per class "
+                         f"of {args.data or dc['path']}")
+    mean, std, crop = arrays.mean, arrays.std, arrays.crop          # the run's normalisation
+    num_classes = len(np.unique(full.y_train))
+    parts = {"scored every epoch": seen, "held out": held, "all": np.arange(len(full.y_test))}
+    x_all, y_all = torch.as_tensor(full.x_test), torch.as_tensor(full.y_test, dtype=torch.int64)
+
+    nets = [("Sel-CL+", run / "finetune.pt", run / "finetune_history.csv"),
+            ("Sel-CL classifier", run / "pretrain.pt", run / "pretrain_history.csv"),
+            ("CE", args.ce_checkpoint, run / "baseline_history.csv")]
+    rows = {}
+    for name, path, history in nets:
+        model = make_model(cfg["model"], num_classes, torch.device("cpu"))
+        model.load_state_dict(checkpoint.load(path)["model"])
+        accs = {p: test_accuracy(model, x_all[i], y_all[i], mean, std, crop)["top1"] for p, i in parts.items()}
+        recorded = last_test_acc(history)
+        if abs(accs["scored every epoch"] - recorded) > 0.01:
+            raise SystemExit(f"{path}: {accs['scored every epoch']:.2f} % on the run's test images, but "
+                             f"{history} ends at {recorded:.2f} %: not that run's last epoch")
+        rows[name] = accs
+
+    n = {p: len(i) for p, i in parts.items()}
+    lines = [f"| final network | scored every epoch ({n['scored every epoch']:,}) | held out ({n['held out']:,}) "
+             f"| all ({n['all']:,}) |", "|---|---|---|---|"]
+    lines += [f"| {name} | {a['scored every epoch']:.2f} | {a['held out']:.2f} | {a['all']:.2f} |"
+              for name, a in rows.items()]
+    margin = {p: rows["Sel-CL+"][p] - rows["CE"][p] for p in parts}
+    lines.append(f"| Sel-CL+ − CE | {margin['scored every epoch']:+.2f} | {margin['held out']:+.2f} "
+                 f"| {margin['all']:+.2f} |")
+    table = "\n".join(lines)
+    print(table)
+    if args.out:
+        args.out.write_text(f"{args.setting} ({run}): final networks, top-1 %\n\n{table}\n")
+
+
+if __name__ == "__main__":
+    main()
