@@ -17,6 +17,7 @@ history's last epoch, before any held-out number is printed.
 """
 import argparse
 import csv
+import math
 from pathlib import Path
 
 import numpy as np
@@ -25,7 +26,7 @@ import torch
 from selcl import checkpoint
 from selcl.config import load_setting
 from selcl.data import first_per_class, load_arrays, load_dataset
-from selcl.evaluate import test_accuracy
+from selcl.evaluate import embed
 from selcl.train import make_model
 
 
@@ -68,11 +69,15 @@ def main() -> None:
     nets = [("Sel-CL+", run / "finetune.pt", run / "finetune_history.csv"),
             ("Sel-CL classifier", run / "pretrain.pt", run / "pretrain_history.csv"),
             ("CE", args.ce_checkpoint, run / "baseline_history.csv")]
-    rows = {}
+    rows, right = {}, {}
     for name, path, history in nets:
         model = make_model(cfg["model"], num_classes, torch.device("cpu"))
         model.load_state_dict(checkpoint.load(path)["model"])
-        accs = {p: test_accuracy(model, x_all[i], y_all[i], mean, std, crop)["top1"] for p, i in parts.items()}
+        # each part in its own calls, as the run scored its images (batches of other
+        # images could round a near-tie of two logits the other way)
+        right[name] = {p: (embed(model, x_all[i], mean, std, crop=crop)[1].argmax(1) == y_all[i]).double()
+                       for p, i in parts.items()}
+        accs = {p: 100 * float(r.mean()) for p, r in right[name].items()}
         recorded = last_test_acc(history)
         if abs(accs["scored every epoch"] - recorded) > 0.01:
             raise SystemExit(f"{path}: {accs['scored every epoch']:.2f} % on the run's test images, but "
@@ -84,9 +89,13 @@ def main() -> None:
              f"| all ({n['all']:,}) |", "|---|---|---|---|"]
     lines += [f"| {name} | {a['scored every epoch']:.2f} | {a['held out']:.2f} | {a['all']:.2f} |"
               for name, a in rows.items()]
-    margin = {p: rows["Sel-CL+"][p] - rows["CE"][p] for p in parts}
-    lines.append(f"| Sel-CL+ − CE | {margin['scored every epoch']:+.2f} | {margin['held out']:+.2f} "
-                 f"| {margin['all']:+.2f} |")
+    # the margin on the same images, with its paired standard error: the per-image
+    # difference of the two networks' hits (1, 0 or -1), sd/√n
+    cells = []
+    for p in parts:
+        d = right["Sel-CL+"][p] - right["CE"][p]
+        cells.append(f"{100 * float(d.mean()):+.2f} ± {100 * float(d.std()) / math.sqrt(len(d)):.2f}")
+    lines.append(f"| Sel-CL+ − CE (± paired s.e.) | {' | '.join(cells)} |")
     table = "\n".join(lines)
     print(table)
     if args.out:

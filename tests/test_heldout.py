@@ -14,6 +14,7 @@ from PIL import Image
 
 from selcl import checkpoint
 from selcl.data import load_dataset, save_arrays
+from selcl.evaluate import embed
 from selcl.evaluate import test_accuracy as accuracy   # (not collected as a test)
 from selcl.train import make_model
 
@@ -68,16 +69,22 @@ def test_the_networks_are_scored_on_the_images_after_the_first_per_class(tmp_pat
     full = load_dataset("imagefolder", path=tmp_path / "imgs", subset=4)
     mean, std = tuple(np.load(run / "data.npz")["mean"]), tuple(np.load(run / "data.npz")["std"])
     held = np.array([i for i in range(21) if i % 7 >= 2])          # files 02..06 of each class
-    rows = {line.split("|")[1].strip(): [float(v) for v in line.split("|")[2:5]]
+    rows = {line.split("|")[1].strip(): [float(v.split("±")[0]) for v in line.split("|")[2:5]]
             for line in (tmp_path / "heldout.md").read_text().splitlines()
             if line.startswith("| ") and not line.startswith("| final")}
-    margin = rows.pop("Sel-CL+ − CE")
+    margin_line = next(line for line in (tmp_path / "heldout.md").read_text().splitlines() if "paired" in line)
+    margin = rows.pop("Sel-CL+ − CE (± paired s.e.)")
+    hits = {}
     for name, path in (("Sel-CL+", run / "finetune.pt"), ("Sel-CL classifier", run / "pretrain.pt"), ("CE", ce)):
         model = make_model(FULL, 3, torch.device("cpu"))
         model.load_state_dict(checkpoint.load(path)["model"])
-        want = accuracy(model, torch.as_tensor(full.x_test[held]), torch.as_tensor(full.y_test[held]), mean, std)
-        assert rows[name][1] == pytest.approx(want["top1"], abs=0.005)
+        x, y = torch.as_tensor(full.x_test[held]), torch.as_tensor(full.y_test[held])
+        assert rows[name][1] == pytest.approx(accuracy(model, x, y, mean, std)["top1"], abs=0.005)
+        hits[name] = (embed(model, x, mean, std)[1].argmax(1) == y).numpy().astype(float)
     assert margin == pytest.approx([a - b for a, b in zip(rows["Sel-CL+"], rows["CE"])], abs=0.011)
+    d = hits["Sel-CL+"] - hits["CE"]
+    se = 100 * d.std(ddof=1) / np.sqrt(len(d))           # held out: the second cell's "± s.e."
+    assert float(margin_line.split("|")[3].split("±")[1]) == pytest.approx(se, abs=0.005)
     assert "(6)" in r.stdout and "(15)" in r.stdout and "(21)" in r.stdout
 
 
