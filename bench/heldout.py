@@ -5,15 +5,18 @@ The CPU presets (`cpu_cifar10_asym40`, `cpu_cifar10_sym50`) score every epoch on
 on those same images. This scores one finished run's final networks on the rest of the
 test set too, so that the margin over CE can be read on images no choice has seen:
 
-    python bench/heldout.py SETTING --run-dir runs/SETTING --ce-checkpoint CKPT [--out FILE]
+    SELCL_KEEP_CHECKPOINTS=1 dvc exp run -S 'run=[cpu_cifar10_asym40]'
+    python bench/heldout.py cpu_cifar10_asym40 --run-dir runs/cpu_cifar10_asym40 \\
+        --ce-checkpoint scratch/cpu_cifar10_asym40/baseline/checkpoint.pt [--out FILE]
 
 SETTING's params (params.yaml in the working directory) give the network, the data path
-and the subsets. The networks scored are the run's own outputs: Sel-CL+ (finetune.pt),
-the Sel-CL classifier (pretrain.pt), and CE from a checkpoint the baseline stage wrote at its
-last epoch (the stage deletes its resume state once done, so keep it: see the section of
-bench/results/cpu_real.md that ran this). The run's own test images are checked to be the
-first `subset_test` per class of the full test set, and the accuracy there to equal the
-history's last epoch, before any held-out number is printed.
+and the subsets. The networks scored are the run's own: Sel-CL+ (finetune.pt), the Sel-CL
+classifier (pretrain.pt) and CE, whose network no stage output keeps: its last resume state
+does, which the baseline stage deletes once done unless SELCL_KEEP_CHECKPOINTS=1. The run's
+own test images are checked to be the first `subset_test` per class of the full test set,
+and each network's accuracy there to equal its history's last epoch, before any held-out
+number is printed. The margin comes with its paired standard error (the per-image
+difference of the two networks' hits).
 """
 import argparse
 import csv
@@ -36,7 +39,7 @@ def last_test_acc(history_csv: Path) -> float:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("setting")
     ap.add_argument("--run-dir", type=Path, required=True, help="runs/<setting> of the finished run")
     ap.add_argument("--ce-checkpoint", type=Path, required=True, help="the CE baseline's last-epoch state")
