@@ -16,6 +16,7 @@ import yaml
 from PIL import Image
 
 from selcl import checkpoint
+from selcl.augment import eval_view
 from selcl.data import load_dataset, save_arrays, sha256_file
 from selcl.evaluate import embed
 from selcl.train import make_model
@@ -64,7 +65,6 @@ def _setup(tmp_path: Path) -> tuple[Path, Path, Path]:
     data = load_dataset("imagefolder", path=tar, subset=PER_CLASS["train"], subset_test=SEEN)
     save_arrays(data, run / "data.npz")
     (run / "data.json").write_text(json.dumps({"source_sha256": sha256_file(tar)}))
-    from selcl.augment import eval_view
     x_tr = eval_view(torch.as_tensor(data.x_train), data.mean, data.std, None)
     y_tr = torch.as_tensor(data.y_train, dtype=torch.int64)
     for seed, steps, ckpt, history in ((1, 30, run / "finetune.pt", "finetune_history.csv"),
