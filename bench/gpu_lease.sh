@@ -64,10 +64,12 @@ telemetry() {   # until killed: one line every GPU_LEASE_SAMPLE s (nvidia-smi's 
   done
 }
 finished() { [ -f "$run/rc" ]; }
-alive() { [ -f "$run/pid" ] && kill -0 "$(cat "$run/pid")" 2>/dev/null; }
+alive() { [ -s "$run/pid" ] && kill -0 "$(cat "$run/pid")" 2>/dev/null; }
 follow() {   # until the run ends or $1 s have passed, a snapshot every $every s
   local end=$(( $(date +%s) + $1 )) left
-  local i; for i in 1 2 3 4 5 6 7 8 9 10; do [ -f "$run/pid" ] && break; sleep 1; done   # the run writes it first thing
+  # the run writes its pid first thing (whole, by a rename); wait for it with content: a
+  # lease that read an empty pid called a starting run gone, or returned before it began
+  local i; for i in $(seq 30); do [ -s "$run/pid" ] || finished && break; sleep 1; done
   while ! finished && alive && left=$(( end - $(date +%s) )) && [ "$left" -gt 0 ]; do
     sleep $(( left < every ? left : every )); snap
   done
@@ -90,7 +92,7 @@ case "${1:-}" in
         rm -rf "$run/inductor"; echo "gpu_lease: $cache_in/inductor.tgz.* is not one whole archive: compiling from nothing"
       fi
     fi
-    setsid nohup bash -c 'echo $$ > "$4/pid"; bash bench/gpu_lease.sh telemetry > "$4/telemetry.txt" 2>&1 & t=$!
+    setsid nohup bash -c 'echo $$ > "$4/pid.new" && mv "$4/pid.new" "$4/pid"; bash bench/gpu_lease.sh telemetry > "$4/telemetry.txt" 2>&1 & t=$!
       bash bench/gpu_real.sh "$1" "$2" "$3" "$4"; rc=$?; kill $t; echo $rc > "$4/rc"' \
       _ "$3" "$4" "$5" "$run" > "$run/driver.log" 2>&1 < /dev/null &
     follow "$2" ;;
