@@ -93,7 +93,7 @@ case "${1:-}" in
       fi
     fi
     setsid nohup bash -c 'echo $$ > "$4/pid.new" && mv "$4/pid.new" "$4/pid"; bash bench/gpu_lease.sh telemetry > "$4/telemetry.txt" 2>&1 & t=$!
-      bash bench/gpu_real.sh "$1" "$2" "$3" "$4"; rc=$?; kill $t; echo $rc > "$4/rc"' \
+      bash bench/gpu_real.sh "$1" "$2" "$3" "$4"; rc=$?; kill $t; echo $rc > "$4/rc.new" && mv "$4/rc.new" "$4/rc"' \
       _ "$3" "$4" "$5" "$run" > "$run/driver.log" 2>&1 < /dev/null &
     follow "$2" ;;
   telemetry) telemetry ;;
