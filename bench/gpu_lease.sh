@@ -67,8 +67,9 @@ finished() { [ -f "$run/rc" ]; }
 alive() { [ -s "$run/pid" ] && kill -0 "$(cat "$run/pid")" 2>/dev/null; }
 follow() {   # until the run ends or $1 s have passed, a snapshot every $every s
   local end=$(( $(date +%s) + $1 )) left
-  # the run writes its pid first thing (whole, by a rename); wait for it with content: a
-  # lease that read an empty pid called a starting run gone, or returned before it began
+  # the run writes its pid first thing (whole, by a rename); wait for it with content, up to
+  # 30 s: a lease that read it empty, or not yet there on a loaded host, called a starting
+  # run gone, or returned "the run goes on" before it began
   local i; for i in $(seq 30); do [ -s "$run/pid" ] || finished && break; sleep 1; done
   while ! finished && alive && left=$(( end - $(date +%s) )) && [ "$left" -gt 0 ]; do
     sleep $(( left < every ? left : every )); snap

@@ -249,8 +249,9 @@ def test_a_lease_returns_its_compilation_cache_and_the_next_lease_starts_from_it
         (carried / p.name).write_bytes(p.read_bytes())
     (tmp_path / "calls.txt").write_text("")
     subprocess.run(["rm", "-rf", str(tmp_path / "run")], check=True)      # a fresh machine
-    # under a loaded CI host this once came back with no call recorded: the lease had read
-    # the run's pid file between its creation and its content (fixed; the pid test below)
+    # under a loaded CI host this once came back with no call recorded: most likely the lease
+    # read the run's pid file empty (between its creation and its write) or not yet there after
+    # its 10 s wait, and returned before the run began (both closed; the pid test below)
     again = lease(tmp_path, "start", "50", "data.tar.gz", "4", "2", out="out2", GPU_LEASE_CACHE=str(carried), SLEEP="2")
     calls = (tmp_path / "calls.txt").read_text()
     seen = f"stdout:\n{again.stdout}\nstderr:\n{again.stderr}\ncalls:\n{calls}"
