@@ -31,6 +31,7 @@ warm = torch.load(sys.argv[1], map_location="cpu", weights_only=False) if len(sy
 net = make_pretrainer(cfg, C, dev, warm).model
 net.train()
 g = torch.Generator().manual_seed(2)
+DRAWS = 48
 norms = {k: [] for k in ("mixed, call of 8", "mixed, among 120 unmixed", "mixed, among 120 mixed",
                          "unmixed, call of 8", "unmixed, among 120 unmixed")}
 
@@ -40,7 +41,7 @@ def median_norm(x: torch.Tensor) -> float:
 
 
 with torch.no_grad():
-    for _ in range(48):
+    for _ in range(DRAWS):
         idx = torch.randperm(data.n, generator=g)[:128]
         v = _views(data.x[idx], g, data)                      # 128 strong views
         lam, perm = losses.mixup_params(8, g, dev)
@@ -53,6 +54,6 @@ with torch.no_grad():
         norms["unmixed, call of 8"].append(median_norm(v[:8]))
         norms["unmixed, among 120 unmixed"].append(median_norm(v))
 state = f"warm-up state {sys.argv[1]}" if warm is not None else f"initialisation, model.seed {cfg['model']['seed']}"
-print(f"{cfg['model']['arch']}, {state}: median over 48 draws of the 8 images' median feature norm (train mode)")
+print(f"{cfg['model']['arch']}, {state}: median over {DRAWS} draws of the 8 images' median feature norm (train mode)")
 for k, n in norms.items():
     print(f"  {k:28s}: {statistics.median(n):7.2f}  (draws {min(n):.2f} to {max(n):.2f})", flush=True)
