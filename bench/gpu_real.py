@@ -9,7 +9,9 @@ shortened in proportion to the number of epochs:
            after 50 % and 80 % of them (the paper: 5 / 125 / 200 of 250)
   Sel-CL+  --finetune-epochs, bootstrapping after 3/7 of them (the paper: 30 of 70)
   CE       --ce-epochs (default: the same total as Sel-CL + Sel-CL+), lr 0.02,
-           ×0.1 after 50 % and 75 % of them (the baseline's 100 / 150 of 200)
+           ×0.1 after 50 % and 75 % of them (the paper suite's baseline until 2026-12-05,
+           100 / 150 of 200; kept so that runs compare with the recorded ones; the
+           suite's baseline is now DivideMix's 300 epochs, ×0.1 after 150)
 
 Run the two parts in two processes (they share the GPU) and read the markdown each writes:
 

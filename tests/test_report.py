@@ -63,7 +63,7 @@ def test_report_states_budgets_verdicts_and_table_rows(tmp_path, monkeypatch):
         "t4_t7": {**asym40, "pretrain": {"selected_sets": "T_G1"}, "warmup": {"method": "sup_cl"}},
     }, {"cifar10_sym20": (95.1, 80.0), "cifar10_asym40": (90.0, 70.0), "t4": (91.0, 70.0), "t4_t7": (90.0, 70.0)})
     assert "params hash `" in md and "Git commit" in md
-    assert "| cifar10_sym20 | cifar10 | sym 0.20, realised 0.20 | 1 + 249 + 70 = 320 / 200 | **95.10** |" in md
+    assert "| cifar10_sym20 | cifar10 | sym 0.20, realised 0.20 | 1 + 249 + 70 = 320 / 300 | **95.10** |" in md
     assert "| yes |" in _row(md, "cifar10_sym20", "95.5")
     assert "| -3.40 | no |" in _row(md, "cifar10_asym40", "93.4")
     # a variant keeps the paper's number beside it for context, but gets no Δ and no verdict
@@ -159,7 +159,7 @@ def test_a_mixup_baseline_is_named_and_set_beside_the_papers_mixup_row(tmp_path,
     row = _row(md, "cifar10_sym50")
     assert "| 80.00 (mixup α=1) | 81.00 |" in row and row.endswith("| yes | 77.6 (Mixup) |")
     assert _row(md, "cifar10_sym20").endswith("| yes | 82.7 |")                  # CE: the paper's CE row
-    assert "mixup α=1 baseline 200 epochs" in md and "CE baseline 200 epochs" in md
+    assert "mixup α=1 baseline 300 epochs" in md and "CE baseline 300 epochs" in md
 
 
 def test_paper_suite_has_the_paper_configuration_and_every_param_is_classified():
