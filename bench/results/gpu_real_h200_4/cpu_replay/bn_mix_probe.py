@@ -32,8 +32,7 @@ net = make_pretrainer(cfg, C, dev, warm).model
 net.train()
 g = torch.Generator().manual_seed(2)
 DRAWS = 48
-norms = {k: [] for k in ("mixed, call of 8", "mixed, among 120 unmixed", "mixed, among 120 mixed",
-                         "unmixed, call of 8", "unmixed, among 120 unmixed")}
+norms: dict[str, list[float]] = {}      # call → one median norm per draw, in the order below
 
 
 def median_norm(x: torch.Tensor) -> float:
@@ -48,11 +47,11 @@ with torch.no_grad():
         m8 = losses.mix(v[:8], lam, perm)                     # the 8, mixed among themselves
         lam2, perm2 = losses.mixup_params(120, g, dev)
         m120 = losses.mix(v[8:], lam2, perm2)                 # the other 120, mixed among themselves
-        norms["mixed, call of 8"].append(median_norm(m8))
-        norms["mixed, among 120 unmixed"].append(median_norm(torch.cat([m8, v[8:]])))
-        norms["mixed, among 120 mixed"].append(median_norm(torch.cat([m8, m120])))
-        norms["unmixed, call of 8"].append(median_norm(v[:8]))
-        norms["unmixed, among 120 unmixed"].append(median_norm(v))
+        calls = {"mixed, call of 8": m8, "mixed, among 120 unmixed": torch.cat([m8, v[8:]]),
+                 "mixed, among 120 mixed": torch.cat([m8, m120]), "unmixed, call of 8": v[:8],
+                 "unmixed, among 120 unmixed": v}
+        for k, x in calls.items():
+            norms.setdefault(k, []).append(median_norm(x))
 state = f"warm-up state {sys.argv[1]}" if warm is not None else f"initialisation, model.seed {cfg['model']['seed']}"
 print(f"{cfg['model']['arch']}, {state}: median over {DRAWS} draws of the 8 images' median feature norm (train mode)")
 for k, n in norms.items():
