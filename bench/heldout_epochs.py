@@ -1,0 +1,80 @@
+"""Every epoch on the held-out test images: the presets' metric, and CE stopped early.
+
+A run given the held-out images as its second test set (`bench/heldout_set.py`,
+`data.extra_test_path`) records `test2_acc` beside `test_acc` after every fine-tuning and
+CE epoch. This reads the two histories and prints, on the images scored every epoch and
+on the held-out ones:
+
+* the presets' metric, the mean of the last `eval_last` epochs, and the final epoch, for
+  Sel-CL+ and CE;
+* CE stopped early: the epoch with CE's best accuracy on the images scored every epoch
+  (the first of equal ones), as a researcher with those images as a validation set would
+  stop it, read on the held-out images, which took no part in choosing it;
+* CE's best held-out epoch (an oracle: chosen on the images it is read on);
+* Sel-CL+'s margin over each.
+
+    python bench/heldout_epochs.py runs/cpu_cifar10_asym40 --eval-last 5 [--out FILE]
+"""
+import argparse
+import csv
+from pathlib import Path
+
+
+def read(path: Path) -> list[dict]:
+    with open(path) as f:
+        rows = [{k: float(v) for k, v in r.items() if v != ""} for r in csv.DictReader(f)]
+    if not rows or "test2_acc" not in rows[-1]:
+        raise SystemExit(f"{path}: no test2_acc column; run with data.extra_test_path set to the held-out "
+                         f"archive (bench/heldout_set.py)")
+    return rows
+
+
+def mean(xs: list) -> float:
+    return sum(xs) / len(xs)
+
+
+def table(finetune: list[dict], ce: list[dict], eval_last: int) -> tuple[str, dict]:
+    """The markdown table and its numbers: {row: (scored every epoch, held out)}."""
+    def last(h, key):
+        return mean([r[key] for r in h[-eval_last:]])
+
+    stop = max(ce, key=lambda r: r["test_acc"])            # the first of equal epochs
+    oracle = max(ce, key=lambda r: r["test2_acc"])
+    rows = {
+        f"Sel-CL+, mean of the last {eval_last} epochs": (last(finetune, "test_acc"), last(finetune, "test2_acc")),
+        "Sel-CL+, final epoch": (finetune[-1]["test_acc"], finetune[-1]["test2_acc"]),
+        f"CE, mean of the last {eval_last} epochs": (last(ce, "test_acc"), last(ce, "test2_acc")),
+        "CE, final epoch": (ce[-1]["test_acc"], ce[-1]["test2_acc"]),
+        f"CE stopped early (epoch {int(stop['epoch'])}, best on the images scored every epoch)":
+            (stop["test_acc"], stop["test2_acc"]),
+        f"CE's best held-out epoch (epoch {int(oracle['epoch'])}; an oracle)": (oracle["test_acc"], oracle["test2_acc"]),
+    }
+    names = list(rows)
+    ours = rows[names[0]]
+    for other, label in ((names[2], f"mean of the last {eval_last}"), (names[4], "CE stopped early"),
+                         (names[5], "CE's best held-out epoch")):
+        rows[f"Sel-CL+ (last {eval_last}) − CE, {label}"] = tuple(a - b for a, b in zip(ours, rows[other]))
+    lines = ["| | scored every epoch | held out |", "|---|---|---|"]
+    lines += [f"| {k} | {a:+.2f} | {b:+.2f} |" if "−" in k else f"| {k} | {a:.2f} | {b:.2f} |"
+              for k, (a, b) in rows.items()]
+    return "\n".join(lines), rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("run_dir", type=Path, help="runs/<setting> of a run with data.extra_test_path set")
+    ap.add_argument("--eval-last", type=int, default=5, help="the setting's finetune/baseline eval_last")
+    ap.add_argument("--out", type=Path, default=None, help="also write the table here")
+    args = ap.parse_args()
+    ft = read(args.run_dir / "finetune_history.csv")
+    ce = read(args.run_dir / "baseline_history.csv")
+    if min(len(ft), len(ce)) < args.eval_last:
+        raise SystemExit(f"--eval-last {args.eval_last}: the histories have {len(ft)} and {len(ce)} epochs")
+    md, _ = table(ft, ce, args.eval_last)
+    print(md)
+    if args.out:
+        args.out.write_text(f"{args.run_dir}: top-1 % of every epoch\n\n{md}\n")
+
+
+if __name__ == "__main__":
+    main()

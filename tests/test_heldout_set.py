@@ -1,0 +1,111 @@
+"""bench/heldout_set.py: the test images after the first data.subset_test per class, as an
+archive a run reads through data.extra_test_path and scores after every epoch."""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from conftest import digits_data
+from selcl import checkpoint, evaluate
+from selcl import train as loops
+from selcl.config import load_params, resolve
+from selcl.data import load_dataset, load_extra_test
+from test_heldout import PER_CLASS, SEEN, _archive
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _write(tmp_path: Path, tar: Path, k: int) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(ROOT / "bench" / "heldout_set.py"), str(tar), "--subset-test", str(k),
+                           "--out", str(tmp_path / "held.tar.gz")], capture_output=True, text=True, timeout=120)
+
+
+def _members(tar: Path) -> dict[str, bytes]:
+    with tarfile.open(tar) as tf:
+        return {m.name: tf.extractfile(m).read() for m in tf if m.isfile()}
+
+
+def test_the_archive_holds_the_test_images_after_the_first_k_per_class_byte_for_byte(tmp_path):
+    tar = _archive(tmp_path / "imgs")
+    r = _write(tmp_path, tar, SEEN)
+    assert r.returncode == 0, r.stderr
+    n = PER_CLASS["test"]
+    full = load_dataset("imagefolder", path=tar, subset=PER_CLASS["train"])
+    x, y = load_extra_test(tmp_path / "held.tar.gz", full.classes)
+    held = np.array([i for i in range(3 * n) if i % n >= SEEN])         # files 05..19 of each class
+    assert np.array_equal(x, full.x_test[held]) and np.array_equal(y, full.y_test[held])
+    src, out = _members(tar), _members(tmp_path / "held.tar.gz")
+    assert sorted(out) == sorted(f"test/{c}/{i:02d}.png" for c in ("cat", "dog", "owl") for i in range(SEEN, n))
+    assert all(out[name] == src[name] for name in out)                  # the files as they were
+    assert f"{len(held):,} test images of 3 classes" in r.stdout
+
+
+def test_a_k_that_keeps_every_test_image_is_refused_and_nothing_is_written(tmp_path):
+    tar = _archive(tmp_path / "imgs")
+    r = _write(tmp_path, tar, PER_CLASS["test"])
+    assert r.returncode != 0 and "none is held out" in r.stderr
+    assert not (tmp_path / "held.tar.gz").exists() and not (tmp_path / "held.tar.gz.part").exists()
+
+
+def test_a_second_test_set_is_scored_every_epoch_and_training_is_unchanged(tmp_path):
+    """The docstring's promise: the held-out set adds test2_acc to every epoch's row and
+    changes nothing else (no random draw, the network back in train mode)."""
+    torch.set_num_threads(2)
+    cfg = copy.deepcopy(resolve(load_params(ROOT / "params.yaml"), "demo_asym40"))
+    cfg["baseline"].update(epochs=3, batch_size=32, lr_decay_epochs=[], eval_last=2, drop_last=False)
+    data = digits_data(cfg["noise"], n=128, n_test=32)
+    extra = load_dataset("digits")
+    with_held = dataclasses.replace(data, x_test2=torch.as_tensor(extra.x_test[32:96]),
+                                    y_test2=torch.as_tensor(extra.y_test[32:96], dtype=torch.int64))
+    runs = [loops.baseline(cfg, d, torch.device("cpu"), checkpoint.Checkpointer(tmp_path / f"b{i}.pt", "b", 1000))
+            for i, d in enumerate((data, with_held))]
+    plain, held = runs[0]["history"], runs[1]["history"]
+    assert all("test2_acc" not in row for row in plain) and all("test2_acc" in row for row in held)
+    assert [{k: v for k, v in row.items() if not k.startswith("test2")} for row in held] == plain
+    for key, value in runs[1]["model"].items():
+        assert torch.equal(value, runs[0]["model"][key]), key
+    model = loops.make_model(cfg["model"], 10, torch.device("cpu"))
+    model.load_state_dict(runs[1]["model"])
+    final = evaluate.test_accuracy(model, with_held.x_test2, with_held.y_test2, data.mean, data.std)["top1"]
+    assert held[-1]["test2_acc"] == final          # the last epoch's network on the second set
+
+
+def _history(path: Path, rows: list[tuple]) -> None:
+    path.write_text("epoch,loss,test_acc,test2_acc\n" + "".join(f"{i + 1},1.0,{a},{b}\n" for i, (a, b) in enumerate(rows)))
+
+
+def _epochs(run: Path, *extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(ROOT / "bench" / "heldout_epochs.py"), str(run), *extra],
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_every_epoch_table_reads_ce_stopped_early_on_the_held_out_images(tmp_path):
+    # CE peaks at epoch 3 on the scored images (54, the first of two equal) and at
+    # epoch 4 on the held-out ones; Sel-CL+'s last two epochs average 60 / 58.
+    _history(tmp_path / "finetune_history.csv", [(40, 41), (59, 57), (61, 59)])
+    _history(tmp_path / "baseline_history.csv", [(50, 49), (52, 51), (54, 50), (54, 53), (51, 48), (50, 47)])
+    r = _epochs(tmp_path, "--eval-last", "2", "--out", str(tmp_path / "t.md"))
+    assert r.returncode == 0, r.stderr
+    rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:4]] for line in r.stdout.splitlines()
+            if line.startswith("| ") and not line.startswith("| |")}
+    assert rows["Sel-CL+, mean of the last 2 epochs"] == ["60.00", "58.00"]
+    assert rows["CE, mean of the last 2 epochs"] == ["50.50", "47.50"]
+    assert rows["CE stopped early (epoch 3, best on the images scored every epoch)"] == ["54.00", "50.00"]
+    assert rows["CE's best held-out epoch (epoch 4; an oracle)"] == ["54.00", "53.00"]
+    assert rows["Sel-CL+ (last 2) − CE, CE stopped early"] == ["+6.00", "+8.00"]
+    assert rows["Sel-CL+ (last 2) − CE, CE's best held-out epoch"] == ["+6.00", "+5.00"]
+    assert r.stdout.strip() in (tmp_path / "t.md").read_text()
+
+
+def test_every_epoch_table_needs_the_held_out_column(tmp_path):
+    (tmp_path / "finetune_history.csv").write_text("epoch,test_acc\n1,50\n")
+    _history(tmp_path / "baseline_history.csv", [(50, 49)])
+    r = _epochs(tmp_path, "--eval-last", "1")
+    assert r.returncode != 0 and "finetune_history.csv: no test2_acc column" in r.stderr
