@@ -33,31 +33,32 @@ def mean(xs: list) -> float:
     return sum(xs) / len(xs)
 
 
-def table(finetune: list[dict], ce: list[dict], eval_last: int) -> tuple[str, dict]:
-    """The markdown table and its numbers: {row: (scored every epoch, held out)}."""
-    def last(h, key):
-        return mean([r[key] for r in h[-eval_last:]])
+def table(finetune: list[dict], ce: list[dict], eval_last: int) -> str:
+    """The markdown table: each row on (the images scored every epoch, the held-out ones)."""
+    def last(h):
+        return mean([r["test_acc"] for r in h[-eval_last:]]), mean([r["test2_acc"] for r in h[-eval_last:]])
+
+    def at(row):
+        return row["test_acc"], row["test2_acc"]
 
     stop = max(ce, key=lambda r: r["test_acc"])            # the first of equal epochs
     oracle = max(ce, key=lambda r: r["test2_acc"])
-    rows = {
-        f"Sel-CL+, mean of the last {eval_last} epochs": (last(finetune, "test_acc"), last(finetune, "test2_acc")),
-        "Sel-CL+, final epoch": (finetune[-1]["test_acc"], finetune[-1]["test2_acc"]),
-        f"CE, mean of the last {eval_last} epochs": (last(ce, "test_acc"), last(ce, "test2_acc")),
-        "CE, final epoch": (ce[-1]["test_acc"], ce[-1]["test2_acc"]),
-        f"CE stopped early (epoch {int(stop['epoch'])}, best on the images scored every epoch)":
-            (stop["test_acc"], stop["test2_acc"]),
-        f"CE's best held-out epoch (epoch {int(oracle['epoch'])}; an oracle)": (oracle["test_acc"], oracle["test2_acc"]),
+    ours, ce_last = last(finetune), last(ce)
+    accs = {
+        f"Sel-CL+, mean of the last {eval_last} epochs": ours,
+        "Sel-CL+, final epoch": at(finetune[-1]),
+        f"CE, mean of the last {eval_last} epochs": ce_last,
+        "CE, final epoch": at(ce[-1]),
+        f"CE stopped early (epoch {int(stop['epoch'])}, best on the images scored every epoch)": at(stop),
+        f"CE's best held-out epoch (epoch {int(oracle['epoch'])}; an oracle)": at(oracle),
     }
-    names = list(rows)
-    ours = rows[names[0]]
-    for other, label in ((names[2], f"mean of the last {eval_last}"), (names[4], "CE stopped early"),
-                         (names[5], "CE's best held-out epoch")):
-        rows[f"Sel-CL+ (last {eval_last}) − CE, {label}"] = tuple(a - b for a, b in zip(ours, rows[other]))
+    margins = {label: (ours[0] - other[0], ours[1] - other[1])
+               for label, other in ((f"mean of the last {eval_last}", ce_last), ("CE stopped early", at(stop)),
+                                    ("CE's best held-out epoch", at(oracle)))}
     lines = ["| | scored every epoch | held out |", "|---|---|---|"]
-    lines += [f"| {k} | {a:+.2f} | {b:+.2f} |" if "−" in k else f"| {k} | {a:.2f} | {b:.2f} |"
-              for k, (a, b) in rows.items()]
-    return "\n".join(lines), rows
+    lines += [f"| {k} | {a:.2f} | {b:.2f} |" for k, (a, b) in accs.items()]
+    lines += [f"| Sel-CL+ (last {eval_last}) − CE, {k} | {a:+.2f} | {b:+.2f} |" for k, (a, b) in margins.items()]
+    return "\n".join(lines)
 
 
 def main() -> None:
@@ -70,7 +71,7 @@ def main() -> None:
     ce = read(args.run_dir / "baseline_history.csv")
     if min(len(ft), len(ce)) < args.eval_last:
         raise SystemExit(f"--eval-last {args.eval_last}: the histories have {len(ft)} and {len(ce)} epochs")
-    md, _ = table(ft, ce, args.eval_last)
+    md = table(ft, ce, args.eval_last)
     print(md)
     if args.out:
         args.out.write_text(f"{args.run_dir}: top-1 % of every epoch\n\n{md}\n")

@@ -26,38 +26,46 @@ from pathlib import Path
 
 import numpy as np
 
-from selcl.data import first_per_class, load_dataset, load_extra_test
+from selcl.data import DataError, first_per_class, load_dataset, load_extra_test
+# the data stage's own walk of an image folder or archive (hidden files and non-images skipped)
+from selcl.data import _collect_dir, _collect_tar
 
 
 def held_out_members(source: Path, k: int) -> list[tuple[str, bytes]]:
     """(member name, bytes) of every test image after the first k per class (file-name
     order within a class, as the data stage orders them), in the archive's layout."""
+    entries = _collect_dir(source) if source.is_dir() else _collect_tar(source)
     by_class: dict = {}
-    with tarfile.open(source, "r|*") as tf:
-        for m in tf:
-            parts = [p for p in m.name.split("/") if p not in ("", ".")]
-            if m.isfile() and len(parts) >= 3 and parts[-3] == "test":
-                by_class.setdefault(parts[-2], []).append((parts[-1], tf.extractfile(m).read()))
+    for split, c, name in entries:
+        if split == "test":
+            by_class.setdefault(c, []).append(name)
     if not by_class:
         raise SystemExit(f"{source}: no images under test/<class>/")
     out = []
     for c in sorted(by_class):
-        files = sorted(by_class[c])[k:]
-        if not files:
+        names = sorted(by_class[c])[k:]
+        if not names:
             raise SystemExit(f"--subset-test {k} keeps every test image of class {c!r}: none is held out")
-        out += [(f"test/{c}/{name}", data) for name, data in files]
+        for name in names:
+            src = entries[("test", c, name)][0]          # bytes (archive) or a file's path (folder)
+            out.append((f"test/{c}/{name}", src if isinstance(src, bytes) else Path(src).read_bytes()))
     return out
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("source", type=Path, help="the image-folder archive (.tar / .tar.gz) the setting reads")
+    ap.add_argument("source", type=Path, help="the image folder or archive (.tar / .tar.gz) the setting reads")
     ap.add_argument("--subset-test", type=int, required=True, help="the setting's data.subset_test")
     ap.add_argument("--out", type=Path, required=True, help="the .tar.gz to write")
     args = ap.parse_args()
     if args.subset_test < 1:
         raise SystemExit(f"--subset-test must be a positive number of images per class, got {args.subset_test}")
-    members = held_out_members(args.source, args.subset_test)
+    if not args.source.exists():
+        raise SystemExit(f"{args.source} does not exist")
+    try:
+        members = held_out_members(args.source, args.subset_test)
+    except DataError as e:
+        raise SystemExit(str(e)) from None
 
     tmp = args.out.with_name(args.out.name + ".part")
     with tarfile.open(tmp, "w:gz") as tf:

@@ -47,6 +47,25 @@ def test_the_archive_holds_the_test_images_after_the_first_k_per_class_byte_for_
     assert f"{len(held):,} test images of 3 classes" in r.stdout
 
 
+def test_hidden_files_and_non_images_are_skipped_as_the_data_stage_skips_them(tmp_path):
+    """An archive packed on a Mac: '._00.png' and '.DS_Store' sort before the images, and
+    would shift the first-k cut by a file if they counted. A folder works as an archive does."""
+    _archive(tmp_path / "imgs")
+    (tmp_path / "imgs" / "test" / "cat" / "._00.png").write_bytes(b"\0\5\26\7")
+    (tmp_path / "imgs" / "test" / "dog" / ".DS_Store").write_bytes(b"\0")
+    (tmp_path / "imgs" / "test" / "owl" / "README.txt").write_text("owls")
+    r = _write(tmp_path, tmp_path / "imgs", SEEN)
+    assert r.returncode == 0, r.stderr
+    out = _members(tmp_path / "held.tar.gz")
+    assert sorted(out) == sorted(f"test/{c}/{i:02d}.png" for c in ("cat", "dog", "owl")
+                                 for i in range(SEEN, PER_CLASS["test"]))
+
+
+def test_a_missing_source_is_one_clear_error(tmp_path):
+    r = _write(tmp_path, tmp_path / "nowhere.tar.gz", SEEN)
+    assert r.returncode != 0 and "nowhere.tar.gz does not exist" in r.stderr and "Traceback" not in r.stderr
+
+
 def test_a_k_that_keeps_every_test_image_is_refused_and_nothing_is_written(tmp_path):
     tar = _archive(tmp_path / "imgs")
     r = _write(tmp_path, tar, PER_CLASS["test"])
