@@ -13,7 +13,13 @@ on the held-out ones:
 * CE's best held-out epoch (an oracle: chosen on the images it is read on);
 * Sel-CL+'s margin over each.
 
+A run of CE alone (the `baseline` stage and its upstream, whose Sel-CL+ network is an
+earlier run's) has no fine-tuning history: pass that network's accuracies on the two sets
+instead (`--selcl-final SCORED HELD`, e.g. from `bench/heldout.py`), and the margins are
+its final network's.
+
     python bench/heldout_epochs.py runs/cpu_cifar10_asym40 --eval-last 5 [--out FILE]
+    python bench/heldout_epochs.py runs/cpu_cifar10_sym50 --selcl-final 61.73 62.50   # CE alone
 """
 import argparse
 import csv
@@ -33,8 +39,11 @@ def mean(xs: list) -> float:
     return sum(xs) / len(xs)
 
 
-def table(finetune: list[dict], ce: list[dict], eval_last: int) -> str:
-    """The markdown table: each row on (the images scored every epoch, the held-out ones)."""
+def table(finetune: list[dict] | None, ce: list[dict], eval_last: int,
+          selcl_final: tuple[float, float] | None = None) -> str:
+    """The markdown table: each row on (the images scored every epoch, the held-out ones).
+
+    `finetune` None: Sel-CL+ is `selcl_final`, its final network's accuracies."""
     def last(h):
         return mean([r["test_acc"] for r in h[-eval_last:]]), mean([r["test2_acc"] for r in h[-eval_last:]])
 
@@ -43,21 +52,26 @@ def table(finetune: list[dict], ce: list[dict], eval_last: int) -> str:
 
     stop = max(ce, key=lambda r: r["test_acc"])            # the first of equal epochs
     oracle = max(ce, key=lambda r: r["test2_acc"])
-    ours, ce_last = last(finetune), last(ce)
-    accs = {
-        f"Sel-CL+, mean of the last {eval_last} epochs": ours,
-        "Sel-CL+, final epoch": at(finetune[-1]),
+    ce_last = last(ce)
+    if finetune is None:
+        ours, name = selcl_final, "Sel-CL+ (final network)"
+        accs = {"Sel-CL+, final network (given)": ours}
+    else:
+        ours, name = last(finetune), f"Sel-CL+ (last {eval_last})"
+        accs = {f"Sel-CL+, mean of the last {eval_last} epochs": ours, "Sel-CL+, final epoch": at(finetune[-1])}
+    accs |= {
         f"CE, mean of the last {eval_last} epochs": ce_last,
         "CE, final epoch": at(ce[-1]),
         f"CE stopped early (epoch {int(stop['epoch'])}, best on the images scored every epoch)": at(stop),
         f"CE's best held-out epoch (epoch {int(oracle['epoch'])}; an oracle)": at(oracle),
     }
+    # like with like: the mean of the last epochs against CE's, a final network against CE's final epoch
+    first = ("final epoch", at(ce[-1])) if finetune is None else (f"mean of the last {eval_last}", ce_last)
     margins = {label: (ours[0] - other[0], ours[1] - other[1])
-               for label, other in ((f"mean of the last {eval_last}", ce_last), ("CE stopped early", at(stop)),
-                                    ("CE's best held-out epoch", at(oracle)))}
+               for label, other in (first, ("CE stopped early", at(stop)), ("CE's best held-out epoch", at(oracle)))}
     lines = ["| | scored every epoch | held out |", "|---|---|---|"]
     lines += [f"| {k} | {a:.2f} | {b:.2f} |" for k, (a, b) in accs.items()]
-    lines += [f"| Sel-CL+ (last {eval_last}) − CE, {k} | {a:+.2f} | {b:+.2f} |" for k, (a, b) in margins.items()]
+    lines += [f"| {name} − CE, {k} | {a:+.2f} | {b:+.2f} |" for k, (a, b) in margins.items()]
     return "\n".join(lines)
 
 
@@ -66,12 +80,16 @@ def main() -> None:
     ap.add_argument("run_dir", type=Path, help="runs/<setting> of a run with data.extra_test_path set")
     ap.add_argument("--eval-last", type=int, default=5, help="the setting's finetune/baseline eval_last")
     ap.add_argument("--out", type=Path, default=None, help="also write the table here")
+    ap.add_argument("--selcl-final", type=float, nargs=2, metavar=("SCORED", "HELD"), default=None,
+                    help="a run of CE alone: Sel-CL+'s final network's top-1 %% on the scored and held-out "
+                         "images (bench/heldout.py); the fine-tuning history is then not read")
     args = ap.parse_args()
-    ft = read(args.run_dir / "finetune_history.csv")
+    ft = None if args.selcl_final else read(args.run_dir / "finetune_history.csv")
     ce = read(args.run_dir / "baseline_history.csv")
-    if min(len(ft), len(ce)) < args.eval_last:
-        raise SystemExit(f"--eval-last {args.eval_last}: the histories have {len(ft)} and {len(ce)} epochs")
-    md = table(ft, ce, args.eval_last)
+    lengths = [len(h) for h in (ft, ce) if h is not None]
+    if min(lengths) < args.eval_last:
+        raise SystemExit(f"--eval-last {args.eval_last}: the histories have {' and '.join(map(str, lengths))} epochs")
+    md = table(ft, ce, args.eval_last, tuple(args.selcl_final) if args.selcl_final else None)
     print(md)
     if args.out:
         args.out.write_text(f"{args.run_dir}: top-1 % of every epoch\n\n{md}\n")

@@ -128,3 +128,18 @@ def test_every_epoch_table_needs_the_held_out_column(tmp_path):
     _history(tmp_path / "baseline_history.csv", [(50, 49)])
     r = _epochs(tmp_path, "--eval-last", "1")
     assert r.returncode != 0 and "finetune_history.csv: no test2_acc column" in r.stderr
+
+
+def test_a_run_of_ce_alone_is_read_against_a_given_final_network(tmp_path):
+    # No fine-tuning history: Sel-CL+ is its final network's (58, 57); its margins are
+    # against CE's final epoch, CE stopped early (epoch 2) and CE's best held-out epoch (3).
+    _history(tmp_path / "baseline_history.csv", [(50, 49), (55, 50), (53, 54), (52, 51)])
+    r = _epochs(tmp_path, "--eval-last", "2", "--selcl-final", "58", "57")
+    assert r.returncode == 0, r.stderr
+    rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:4]] for line in r.stdout.splitlines()
+            if line.startswith("| ") and not line.startswith("| |")}
+    assert rows["Sel-CL+, final network (given)"] == ["58.00", "57.00"]
+    assert rows["Sel-CL+ (final network) − CE, final epoch"] == ["+6.00", "+6.00"]
+    assert rows["Sel-CL+ (final network) − CE, CE stopped early"] == ["+3.00", "+7.00"]
+    assert rows["Sel-CL+ (final network) − CE, CE's best held-out epoch"] == ["+5.00", "+3.00"]
+    assert not any("mean of the last 2 epochs" in k and "Sel-CL+" in k for k in rows)
