@@ -105,6 +105,12 @@ def _epochs(run: Path, *extra: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=60)
 
 
+def _rows(table: str) -> dict[str, list[str]]:
+    """The table's rows by label: [on the scored images, on the held-out ones]."""
+    return {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:4]] for line in table.splitlines()
+            if line.startswith("| ") and not line.startswith("| |")}
+
+
 def test_every_epoch_table_reads_ce_stopped_early_on_the_held_out_images(tmp_path):
     # CE peaks at epoch 3 on the scored images (54, the first of two equal) and at
     # epoch 4 on the held-out ones; Sel-CL+'s last two epochs average 60 / 58.
@@ -112,8 +118,7 @@ def test_every_epoch_table_reads_ce_stopped_early_on_the_held_out_images(tmp_pat
     _history(tmp_path / "baseline_history.csv", [(50, 49), (52, 51), (54, 50), (54, 53), (51, 48), (50, 47)])
     r = _epochs(tmp_path, "--eval-last", "2", "--out", str(tmp_path / "t.md"))
     assert r.returncode == 0, r.stderr
-    rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:4]] for line in r.stdout.splitlines()
-            if line.startswith("| ") and not line.startswith("| |")}
+    rows = _rows(r.stdout)
     assert rows["Sel-CL+, mean of the last 2 epochs"] == ["60.00", "58.00"]
     assert rows["CE, mean of the last 2 epochs"] == ["50.50", "47.50"]
     assert rows["CE stopped early (epoch 3, best on the images scored every epoch)"] == ["54.00", "50.00"]
@@ -136,8 +141,7 @@ def test_a_run_of_ce_alone_is_read_against_a_given_final_network(tmp_path):
     _history(tmp_path / "baseline_history.csv", [(50, 49), (55, 50), (53, 54), (52, 51)])
     r = _epochs(tmp_path, "--eval-last", "2", "--selcl-final", "58", "57")
     assert r.returncode == 0, r.stderr
-    rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:4]] for line in r.stdout.splitlines()
-            if line.startswith("| ") and not line.startswith("| |")}
+    rows = _rows(r.stdout)
     assert rows["Sel-CL+, final network (given)"] == ["58.00", "57.00"]
     assert rows["Sel-CL+ (final network) − CE, final epoch"] == ["+6.00", "+6.00"]
     assert rows["Sel-CL+ (final network) − CE, CE stopped early"] == ["+3.00", "+7.00"]
