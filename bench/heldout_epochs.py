@@ -53,20 +53,21 @@ def table(finetune: list[dict] | None, ce: list[dict], eval_last: int,
     stop = max(ce, key=lambda r: r["test_acc"])            # the first of equal epochs
     oracle = max(ce, key=lambda r: r["test2_acc"])
     ce_last = last(ce)
+    # like with like: a final network against CE's final epoch, the mean of the last epochs against CE's
     if finetune is None:
         ours, name = selcl_final, "Sel-CL+ (final network)"
         accs = {"Sel-CL+, final network (given)": ours}
+        first = ("final epoch", at(ce[-1]))
     else:
         ours, name = last(finetune), f"Sel-CL+ (last {eval_last})"
         accs = {f"Sel-CL+, mean of the last {eval_last} epochs": ours, "Sel-CL+, final epoch": at(finetune[-1])}
+        first = (f"mean of the last {eval_last}", ce_last)
     accs |= {
         f"CE, mean of the last {eval_last} epochs": ce_last,
         "CE, final epoch": at(ce[-1]),
         f"CE stopped early (epoch {int(stop['epoch'])}, best on the images scored every epoch)": at(stop),
         f"CE's best held-out epoch (epoch {int(oracle['epoch'])}; an oracle)": at(oracle),
     }
-    # like with like: the mean of the last epochs against CE's, a final network against CE's final epoch
-    first = ("final epoch", at(ce[-1])) if finetune is None else (f"mean of the last {eval_last}", ce_last)
     margins = {label: (ours[0] - other[0], ours[1] - other[1])
                for label, other in (first, ("CE stopped early", at(stop)), ("CE's best held-out epoch", at(oracle)))}
     lines = ["| | scored every epoch | held out |", "|---|---|---|"]
