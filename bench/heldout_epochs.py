@@ -11,7 +11,9 @@ on the held-out ones:
   (the first of equal ones), as a researcher with those images as a validation set would
   stop it, read on the held-out images, which took no part in choosing it;
 * CE's best held-out epoch (an oracle: chosen on the images it is read on);
-* Sel-CL+'s margin over each.
+* Sel-CL+'s margin over each;
+* with a fine-tuning history, Sel-CL+ stopped early the same way, and its margin over CE
+  stopped early: both methods given the same validation set.
 
 A run of CE alone (the `baseline` stage and its upstream, whose Sel-CL+ network is an
 earlier run's) has no fine-tuning history: pass that network's accuracies on the two sets
@@ -62,6 +64,9 @@ def table(finetune: list[dict] | None, ce: list[dict], eval_last: int,
         ours, name = last(finetune), f"Sel-CL+ (last {eval_last})"
         accs = {f"Sel-CL+, mean of the last {eval_last} epochs": ours, "Sel-CL+, final epoch": at(finetune[-1])}
         first = (f"mean of the last {eval_last}", ce_last)
+        ft_stop = max(finetune, key=lambda r: r["test_acc"])    # the first of equal epochs, as CE's
+        accs[f"Sel-CL+ stopped early (epoch {int(ft_stop['epoch'])}, best on the images scored every epoch)"] = \
+            at(ft_stop)
     accs |= {
         f"CE, mean of the last {eval_last} epochs": ce_last,
         "CE, final epoch": at(ce[-1]),
@@ -73,6 +78,9 @@ def table(finetune: list[dict] | None, ce: list[dict], eval_last: int,
     lines = ["| | scored every epoch | held out |", "|---|---|---|"]
     lines += [f"| {k} | {a:.2f} | {b:.2f} |" for k, (a, b) in accs.items()]
     lines += [f"| {name} − CE, {k} | {a:+.2f} | {b:+.2f} |" for k, (a, b) in margins.items()]
+    if finetune is not None:    # both stopped early on the same validation set
+        a, b = (x - y for x, y in zip(at(ft_stop), at(stop)))
+        lines.append(f"| Sel-CL+ stopped early − CE stopped early | {a:+.2f} | {b:+.2f} |")
     return "\n".join(lines)
 
 
