@@ -52,6 +52,9 @@ def table(finetune: list[dict] | None, ce: list[dict], eval_last: int,
     def at(row):
         return row["test_acc"], row["test2_acc"]
 
+    def minus(p, q):
+        return p[0] - q[0], p[1] - q[1]
+
     stop = max(ce, key=lambda r: r["test_acc"])            # the first of equal epochs
     oracle = max(ce, key=lambda r: r["test2_acc"])
     ce_last = last(ce)
@@ -60,6 +63,7 @@ def table(finetune: list[dict] | None, ce: list[dict], eval_last: int,
         ours, name = selcl_final, "Sel-CL+ (final network)"
         accs = {"Sel-CL+, final network (given)": ours}
         first = ("final epoch", at(ce[-1]))
+        both_stopped = {}
     else:
         ours, name = last(finetune), f"Sel-CL+ (last {eval_last})"
         accs = {f"Sel-CL+, mean of the last {eval_last} epochs": ours, "Sel-CL+, final epoch": at(finetune[-1])}
@@ -67,20 +71,20 @@ def table(finetune: list[dict] | None, ce: list[dict], eval_last: int,
         ft_stop = max(finetune, key=lambda r: r["test_acc"])    # the first of equal epochs, as CE's
         accs[f"Sel-CL+ stopped early (epoch {int(ft_stop['epoch'])}, best on the images scored every epoch)"] = \
             at(ft_stop)
+        # both stopped early on the same validation set
+        both_stopped = {"Sel-CL+ stopped early − CE stopped early": minus(at(ft_stop), at(stop))}
     accs |= {
         f"CE, mean of the last {eval_last} epochs": ce_last,
         "CE, final epoch": at(ce[-1]),
         f"CE stopped early (epoch {int(stop['epoch'])}, best on the images scored every epoch)": at(stop),
         f"CE's best held-out epoch (epoch {int(oracle['epoch'])}; an oracle)": at(oracle),
     }
-    margins = {label: (ours[0] - other[0], ours[1] - other[1])
+    margins = {f"{name} − CE, {label}": minus(ours, other)
                for label, other in (first, ("CE stopped early", at(stop)), ("CE's best held-out epoch", at(oracle)))}
+    margins |= both_stopped
     lines = ["| | scored every epoch | held out |", "|---|---|---|"]
     lines += [f"| {k} | {a:.2f} | {b:.2f} |" for k, (a, b) in accs.items()]
-    lines += [f"| {name} − CE, {k} | {a:+.2f} | {b:+.2f} |" for k, (a, b) in margins.items()]
-    if finetune is not None:    # both stopped early on the same validation set
-        a, b = (x - y for x, y in zip(at(ft_stop), at(stop)))
-        lines.append(f"| Sel-CL+ stopped early − CE stopped early | {a:+.2f} | {b:+.2f} |")
+    lines += [f"| {k} | {a:+.2f} | {b:+.2f} |" for k, (a, b) in margins.items()]
     return "\n".join(lines)
 
 
