@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import math
 import subprocess
 import sys
 import tarfile
@@ -151,3 +152,51 @@ def test_a_run_of_ce_alone_is_read_against_a_given_final_network(tmp_path):
     assert rows["Sel-CL+ (final network) − CE, CE's best held-out epoch"] == ["+5.00", "+3.00"]
     assert not any("mean of the last 2 epochs" in k and "Sel-CL+" in k for k in rows)
     assert not any(k.startswith("Sel-CL+ stopped early") for k in rows)
+
+
+def _cells(table: str) -> dict[str, list[str]]:
+    """Every row of the markdown tables by its first cell: the other cells."""
+    return {cells[0]: cells[1:] for line in table.splitlines() if line.startswith("| ")
+            for cells in [[c.strip() for c in line.strip("|").split("|")]]}
+
+
+def _seeds(root: Path, *extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(ROOT / "bench" / "heldout_seeds.py"), str(root), "x", *extra],
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_seeds_table_reads_every_seed_and_the_spread_of_each_margin(tmp_path):
+    # Sel-CL+ of seed s: held out a above its scored accuracy from epoch 2 on, best scored at
+    # epoch 2; CE the same in every seed: best scored at epoch 2 (held out 52), final 53.
+    # So "both stopped early" is 60 + a − 52 = 8 + a, and with a = −4, −2, 0 the margins are
+    # 4, 6, 8: mean 6, sd 2, 95 % t-interval 6 ± 4.303 · 2 / √3 (t with 2 df: 4.303).
+    layout = {1: ("x-seed1", "x-seed1"), 2: ("x-seed2-selcl", "x-seed2-ce"), 3: ("x-seed3-selcl", "x-seed3-ce")}
+    for seed, (ft_dir, ce_dir) in layout.items():
+        a = 2 * seed - 6
+        for d in {ft_dir, ce_dir}:
+            (tmp_path / d).mkdir()
+        _history(tmp_path / ft_dir / "finetune_history.csv", [(50, 50), (60, 60 + a), (58, 58 + a)])
+        _history(tmp_path / ce_dir / "baseline_history.csv", [(50, 50), (55, 52), (54, 53)])
+    (tmp_path / "x-seed4-ce").mkdir()                    # CE alone: left out, and said so
+    _history(tmp_path / "x-seed4-ce" / "baseline_history.csv", [(50, 50), (55, 52), (54, 53)])
+    r = _seeds(tmp_path, "--eval-last", "2", "--out", str(tmp_path / "t.md"))
+    assert r.returncode == 0, r.stderr
+    assert "seed 4 (fine-tuning history)" in r.stderr
+    rows = _cells(r.stdout)
+    # seed 1 (a = −4): Sel-CL+ last 2 / final / stopped early, CE the same, then the four margins
+    assert rows["1"] == ["55.00", "54.00", "2: 56.00", "52.50", "53.00", "2: 52.00", "+2.50", "+1.00", "+2.00", "+4.00"]
+    assert "4" not in rows and rows["3"][-1] == "+8.00"
+    half = 4.302653 * 2 / math.sqrt(3)
+    t = 3 / (2 / math.sqrt(3))       # "over 3": t with 2 df, whose tail is (1 − t / √(t² + 2)) / 2
+    assert rows["stopped early − stopped early"] == [
+        "+6.00", "2.00", f"{6 - half:+.2f} to {6 + half:+.2f}", "0", f"{(1 - t / math.sqrt(t * t + 2)) / 2:.3f}"]
+    assert rows["final − CE stopped early"][:2] == ["+4.00", "2.00"] and rows["final − CE stopped early"][3] == "1"
+    assert r.stdout.strip() in (tmp_path / "t.md").read_text()
+
+
+def test_seeds_table_needs_two_seeds_with_both_histories(tmp_path):
+    (tmp_path / "x-seed1").mkdir()
+    _history(tmp_path / "x-seed1" / "finetune_history.csv", [(50, 50)])
+    _history(tmp_path / "x-seed1" / "baseline_history.csv", [(50, 50)])
+    r = _seeds(tmp_path, "--eval-last", "1")
+    assert r.returncode != 0 and "1 seed(s) of x with both histories" in r.stderr
