@@ -200,3 +200,13 @@ def test_seeds_table_needs_two_seeds_with_both_histories(tmp_path):
     _history(tmp_path / "x-seed1" / "baseline_history.csv", [(50, 50)])
     r = _seeds(tmp_path, "--eval-last", "1")
     assert r.returncode != 0 and "1 seed(s) of x with both histories" in r.stderr
+
+
+def test_the_recorded_seeds_table_is_the_recorded_histories():
+    # bench/results/heldout/asym40-seeds.md, which cpu_real.md quotes, is heldout_seeds.py's
+    # reading of the histories committed beside it: a history added or changed fails this
+    r = subprocess.run([sys.executable, str(ROOT / "bench" / "heldout_seeds.py"),
+                        str(ROOT / "bench" / "results" / "cpu_real_histories" / "heldout_epochs"), "asym40"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() in (ROOT / "bench" / "results" / "heldout" / "asym40-seeds.md").read_text()
