@@ -41,6 +41,11 @@ def mean(xs: list) -> float:
     return sum(xs) / len(xs)
 
 
+def stopped_early(h: list[dict]) -> dict:
+    """The epoch with the best accuracy on the images scored every epoch, the first of equal ones."""
+    return max(h, key=lambda r: r["test_acc"])
+
+
 def table(finetune: list[dict] | None, ce: list[dict], eval_last: int,
           selcl_final: tuple[float, float] | None = None) -> str:
     """The markdown table: each row on (the images scored every epoch, the held-out ones).
@@ -55,7 +60,7 @@ def table(finetune: list[dict] | None, ce: list[dict], eval_last: int,
     def minus(p, q):
         return p[0] - q[0], p[1] - q[1]
 
-    stop = max(ce, key=lambda r: r["test_acc"])            # the first of equal epochs
+    stop = stopped_early(ce)
     oracle = max(ce, key=lambda r: r["test2_acc"])
     ce_last = last(ce)
     # like with like: a final network against CE's final epoch, the mean of the last epochs against CE's
@@ -68,7 +73,7 @@ def table(finetune: list[dict] | None, ce: list[dict], eval_last: int,
         ours, name = last(finetune), f"Sel-CL+ (last {eval_last})"
         accs = {f"Sel-CL+, mean of the last {eval_last} epochs": ours, "Sel-CL+, final epoch": at(finetune[-1])}
         first = (f"mean of the last {eval_last}", ce_last)
-        ft_stop = max(finetune, key=lambda r: r["test_acc"])    # the first of equal epochs, as CE's
+        ft_stop = stopped_early(finetune)
         accs[f"Sel-CL+ stopped early (epoch {int(ft_stop['epoch'])}, best on the images scored every epoch)"] = \
             at(ft_stop)
         # both stopped early on the same validation set

@@ -31,7 +31,7 @@ from pathlib import Path
 
 from scipy import stats
 
-from heldout_epochs import mean, read
+from heldout_epochs import mean, read, stopped_early
 
 MARGINS = ("last 5 − last 5", "final − final", "final − CE stopped early", "stopped early − stopped early")
 
@@ -46,7 +46,7 @@ def history(root: Path, preset: str, seed: int, own: str, name: str) -> Path | N
 
 def summary(h: list[dict], eval_last: int) -> dict:
     """The held-out accuracy of the mean of the last epochs, the final epoch, and the run stopped early."""
-    stop = max(h, key=lambda r: r["test_acc"])            # the first of equal epochs
+    stop = stopped_early(h)
     return {"last": mean([r["test2_acc"] for r in h[-eval_last:]]), "final": h[-1]["test2_acc"],
             "stop_epoch": int(stop["epoch"]), "stop": stop["test2_acc"]}
 

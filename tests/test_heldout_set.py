@@ -108,8 +108,7 @@ def _epochs(run: Path, *extra: str) -> subprocess.CompletedProcess:
 
 def _rows(table: str) -> dict[str, list[str]]:
     """The table's rows by label: [on the scored images, on the held-out ones]."""
-    return {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:4]] for line in table.splitlines()
-            if line.startswith("| ") and not line.startswith("| |")}
+    return {label: cells[:2] for label, cells in _cells(table).items() if label}
 
 
 def test_every_epoch_table_reads_ce_stopped_early_on_the_held_out_images(tmp_path):
@@ -160,8 +159,8 @@ def _cells(table: str) -> dict[str, list[str]]:
             for cells in [[c.strip() for c in line.strip("|").split("|")]]}
 
 
-def _seeds(root: Path, *extra: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(ROOT / "bench" / "heldout_seeds.py"), str(root), "x", *extra],
+def _seeds(root: Path, *extra: str, preset: str = "x") -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(ROOT / "bench" / "heldout_seeds.py"), str(root), preset, *extra],
                           capture_output=True, text=True, timeout=60)
 
 
@@ -205,8 +204,6 @@ def test_seeds_table_needs_two_seeds_with_both_histories(tmp_path):
 def test_the_recorded_seeds_table_is_the_recorded_histories():
     # bench/results/heldout/asym40-seeds.md, which cpu_real.md quotes, is heldout_seeds.py's
     # reading of the histories committed beside it: a history added or changed fails this
-    r = subprocess.run([sys.executable, str(ROOT / "bench" / "heldout_seeds.py"),
-                        str(ROOT / "bench" / "results" / "cpu_real_histories" / "heldout_epochs"), "asym40"],
-                       capture_output=True, text=True, timeout=60)
+    r = _seeds(ROOT / "bench" / "results" / "cpu_real_histories" / "heldout_epochs", preset="asym40")
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() in (ROOT / "bench" / "results" / "heldout" / "asym40-seeds.md").read_text()
