@@ -340,3 +340,25 @@ def test_injected_noise_shows_its_realised_rate_beside_the_requested_one():
     assert noise_text(asym) == "asym 0.40"
     assert noise_text(asym, 0.196) == "asym 0.40, realised 0.20"
     assert noise_text({"noise": {"kind": "none"}}, 0.0) == "none"
+
+
+def test_the_k_nn_table_gives_the_best_pre_training_epoch_beside_the_final_encoder(tmp_path, monkeypatch):
+    """Table 2 from the final encoder (evaluate.json) and, beside it, the running best of the
+    per-epoch k-NN that the authors' script prints; a tie goes to the later epoch."""
+    run = tmp_path / "runs" / "cifar100_sym20"
+    fake_run(run, selcl_plus=76.0, ce=60.0, classes=100)
+    (run / "pretrain_history.csv").write_text("epoch,loss,knn_top1\n2,7.0,80.5\n3,6.0,93.25\n4,5.5,93.25\n"
+                                              "5,5.0,91.0\n")
+    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    monkeypatch.chdir(tmp_path)
+    build_report(["cifar100_sym20"], {"cifar100_sym20": resolve(params, "cifar100_sym20")}, tmp_path / "runs",
+                 load_tables(ROOT / "references" / "paper_tables.yaml"), tmp_path / "reports",
+                 plots_dir=tmp_path / "plots")
+    md = (tmp_path / "reports" / "README.md").read_text()
+    assert "| cifar100_sym20 | 92.00 | — | 90.00 | — | 93.25 (epoch 4) | 75.36 |" in md
+    # without a history (an older run) the cell says so rather than repeating the final value
+    (run / "pretrain_history.csv").unlink()
+    build_report(["cifar100_sym20"], {"cifar100_sym20": resolve(params, "cifar100_sym20")}, tmp_path / "runs",
+                 load_tables(ROOT / "references" / "paper_tables.yaml"), tmp_path / "reports",
+                 plots_dir=tmp_path / "plots")
+    assert "| cifar100_sym20 | 92.00 | — | 90.00 | — | — | 75.36 |" in (tmp_path / "reports" / "README.md").read_text()
