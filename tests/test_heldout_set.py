@@ -11,6 +11,7 @@ import tarfile
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 
 from conftest import digits_data
@@ -201,9 +202,10 @@ def test_seeds_table_needs_two_seeds_with_both_histories(tmp_path):
     assert r.returncode != 0 and "1 seed(s) of x with both histories" in r.stderr
 
 
-def test_the_recorded_seeds_table_is_the_recorded_histories():
-    # bench/results/heldout/asym40-seeds.md, which cpu_real.md quotes, is heldout_seeds.py's
+@pytest.mark.parametrize("preset", ["asym40", "sym50"])
+def test_the_recorded_seeds_table_is_the_recorded_histories(preset):
+    # bench/results/heldout/<preset>-seeds.md, which cpu_real.md quotes, is heldout_seeds.py's
     # reading of the histories committed beside it: a history added or changed fails this
-    r = _seeds(ROOT / "bench" / "results" / "cpu_real_histories" / "heldout_epochs", preset="asym40")
+    r = _seeds(ROOT / "bench" / "results" / "cpu_real_histories" / "heldout_epochs", preset=preset)
     assert r.returncode == 0, r.stderr
-    assert r.stdout.strip() in (ROOT / "bench" / "results" / "heldout" / "asym40-seeds.md").read_text()
+    assert r.stdout.strip() in (ROOT / "bench" / "results" / "heldout" / f"{preset}-seeds.md").read_text()
