@@ -45,7 +45,12 @@ def _report(tmp_path, monkeypatch, settings: dict, results: dict) -> tuple[str, 
     for n, (ours, ce) in results.items():
         fake_run(tmp_path / "runs" / n, selcl_plus=ours, ce=ce)
     monkeypatch.chdir(tmp_path)
-    build_report(list(settings), configs, tmp_path / "runs", load_tables(ROOT / "references" / "paper_tables.yaml"),
+    return _build(tmp_path, configs)
+
+
+def _build(tmp_path, configs: dict) -> tuple[str, dict]:
+    """Build the report of the runs under tmp_path/runs; its markdown and summary metrics."""
+    build_report(list(configs), configs, tmp_path / "runs", load_tables(ROOT / "references" / "paper_tables.yaml"),
                  tmp_path / "reports", plots_dir=tmp_path / "plots")
     return (tmp_path / "reports" / "README.md").read_text(), json.loads((tmp_path / "reports" / "metrics.json").read_text())
 
@@ -292,9 +297,7 @@ def test_the_environment_tells_hosts_of_one_model_name_apart(tmp_path, monkeypat
     pre = tmp_path / "runs" / "cifar10_sym20" / "pretrain.json"
     pre.write_text(json.dumps({**json.loads(pre.read_text()), "env": env}))
     monkeypatch.chdir(tmp_path)
-    build_report(["cifar10_sym20"], {"cifar10_sym20": resolve(params, "cifar10_sym20")}, tmp_path / "runs",
-                 load_tables(ROOT / "references" / "paper_tables.yaml"), tmp_path / "reports", plots_dir=tmp_path / "plots")
-    md = (tmp_path / "reports" / "README.md").read_text()
+    md, _ = _build(tmp_path, {"cifar10_sym20": resolve(params, "cifar10_sym20")})
     assert f"| cifar10_sym20 | cpu | {env['cpu']} ({env['cpu_id']}) |" in md
 
 
@@ -345,20 +348,11 @@ def test_injected_noise_shows_its_realised_rate_beside_the_requested_one():
 def test_the_k_nn_table_gives_the_best_pre_training_epoch_beside_the_final_encoder(tmp_path, monkeypatch):
     """Table 2 from the final encoder (evaluate.json) and, beside it, the running best of the
     per-epoch k-NN that the authors' script prints; a tie goes to the later epoch."""
-    run = tmp_path / "runs" / "cifar100_sym20"
-    fake_run(run, selcl_plus=76.0, ce=60.0, classes=100)
-    (run / "pretrain_history.csv").write_text("epoch,loss,knn_top1\n2,7.0,80.5\n3,6.0,93.25\n4,5.5,93.25\n"
-                                              "5,5.0,91.0\n")
-    params = yaml.safe_load((ROOT / "params.yaml").read_text())
-    monkeypatch.chdir(tmp_path)
-    build_report(["cifar100_sym20"], {"cifar100_sym20": resolve(params, "cifar100_sym20")}, tmp_path / "runs",
-                 load_tables(ROOT / "references" / "paper_tables.yaml"), tmp_path / "reports",
-                 plots_dir=tmp_path / "plots")
-    md = (tmp_path / "reports" / "README.md").read_text()
-    assert "| cifar100_sym20 | 92.00 | — | 90.00 | — | 93.25 (epoch 4) | 75.36 |" in md
     # without a history (an older run) the cell says so rather than repeating the final value
-    (run / "pretrain_history.csv").unlink()
-    build_report(["cifar100_sym20"], {"cifar100_sym20": resolve(params, "cifar100_sym20")}, tmp_path / "runs",
-                 load_tables(ROOT / "references" / "paper_tables.yaml"), tmp_path / "reports",
-                 plots_dir=tmp_path / "plots")
-    assert "| cifar100_sym20 | 92.00 | — | 90.00 | — | — | 75.36 |" in (tmp_path / "reports" / "README.md").read_text()
+    md, _ = _report(tmp_path, monkeypatch, {"cifar100_sym20": None}, {"cifar100_sym20": (76.0, 60.0)})
+    assert "| cifar100_sym20 | 92.00 | — | 90.00 | — | — | 75.36 |" in md
+    (tmp_path / "runs" / "cifar100_sym20" / "pretrain_history.csv").write_text(
+        "epoch,loss,knn_top1\n2,7.0,80.5\n3,6.0,93.25\n4,5.5,93.25\n5,5.0,91.0\n")
+    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    md, _ = _build(tmp_path, {"cifar100_sym20": resolve(params, "cifar100_sym20")})
+    assert "| cifar100_sym20 | 92.00 | — | 90.00 | — | 93.25 (epoch 4) | 75.36 |" in md
