@@ -222,10 +222,7 @@ def test_webvision_runs_get_paper_table_5(tmp_path, monkeypatch):
     params["settings"]["wv_short"] = short
     configs = {n: resolve(params, n) for n in ("webvision50", "wv_short")}
     monkeypatch.chdir(tmp_path)
-    build_report(["webvision50", "wv_short"], configs, tmp_path / "runs",
-                 load_tables(ROOT / "references" / "paper_tables.yaml"), tmp_path / "reports", plots_dir=tmp_path / "plots")
-    md = (tmp_path / "reports" / "README.md").read_text()
-    summary = json.loads((tmp_path / "reports" / "metrics.json").read_text())
+    md, summary = _build(tmp_path, configs)
     assert "## WebVision-50 (paper Table 5)" in md
     assert ("| webvision50 | 79.50 / 78.00 / 92.50 | 75.00 / 74.50 / 92.00 | 79.96 / 92.64 · 76.84 / 93.04 "
             "| yes |") in md
@@ -257,9 +254,7 @@ def test_label_file_noise_is_named_with_its_realised_rate(tmp_path, monkeypatch)
     fake_run(tmp_path / "runs" / "cifar10n", selcl_plus=80.0, ce=60.0)
     (tmp_path / "runs" / "cifar10n" / "noise.json").write_text(json.dumps({"realised_noise_rate": 0.4021}))
     monkeypatch.chdir(tmp_path)
-    build_report(["cifar10n"], configs, tmp_path / "runs", load_tables(ROOT / "references" / "paper_tables.yaml"),
-                 tmp_path / "reports", plots_dir=tmp_path / "plots")
-    md = (tmp_path / "reports" / "README.md").read_text()
+    md, _ = _build(tmp_path, configs)
     assert "| cifar10n | cifar10 | file: CIFAR-10_human.pt[worse_label], realised 0.40 |" in md
     assert "| cifar10n | file: CIFAR-10_human.pt[worse_label] | — | the label file's own | 0.402 |" in md
     assert "file 0.00" not in md
