@@ -283,7 +283,8 @@ def warmup(cfg: dict, data: TrainData, device, ckpt: Checkpointer, on_epoch=None
     uns_cl (paper): MoCo only, query from view 1 (online), key from view 2 (EMA), negatives
     from a queue of EMA keys, τ = 0.1; as in the authors' code the labelled memory is
     already filled with the EMA embeddings of the two mixed views. sup_cl (Table 7):
-    the supervised term on all same-noisy-label pairs (no mixup) + L_CLS on all examples.
+    the supervised term on all same-noisy-label pairs (no mixup) + L_CLS on all examples,
+    the memory term included from global epoch memory_start_epoch, as in pre-training.
     Optimiser, EMA, queue and memory carry over into pre-training (one run, one schedule)."""
     wc, pc = cfg["warmup"], cfg["pretrain"]
     tr = make_pretrainer(cfg, data.num_classes, device, ema_momentum=wc["ema"])
@@ -297,6 +298,10 @@ def warmup(cfg: dict, data: TrainData, device, ckpt: Checkpointer, on_epoch=None
     everyone = torch.arange(data.n, device=device)
     same_label = pair_rule(None, data.noisy, data.clean, selected_sets="all")
     for epoch in _progress(range(start, wc["epochs"] + 1), "warm-up", total=wc["epochs"], initial=start - 1):
+        # Sup-CL reads the memory from the same global epoch as pre-training (the authors'
+        # `train_sup` tests `epoch > sup_queue_begin` as `train_sel` does): only a warm-up
+        # longer than 3 epochs (WebVision's 40) reaches it.
+        read_memory = pc["memory"] and epoch >= pc["memory_start_epoch"]
         tr.model.train(); tr.ema.model.train()
         means = EpochMeans()
         for it, idx in enumerate(_batches(data.n, pc["batch_size"], tr.order, device, pc["drop_last"])):
@@ -305,7 +310,7 @@ def warmup(cfg: dict, data: TrainData, device, ckpt: Checkpointer, on_epoch=None
                 if wc["method"] == "uns_cl":
                     out = tr.uns_step(data, idx)
                 else:
-                    out = tr.step(data, idx, same_label, everyone, read_memory=False, supervised_warmup=True)
+                    out = tr.step(data, idx, same_label, everyone, read_memory, supervised_warmup=True)
             means.add(out, len(idx))
         row = {"epoch": epoch, "lr": tr.opt.param_groups[0]["lr"], **means.means()}
         history.append(row)

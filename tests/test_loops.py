@@ -57,6 +57,25 @@ def test_uns_cl_warmup_leaves_the_classifier_alone(tmp_path):
     assert set(params) - with_buffer == {"classifier.weight", "classifier.bias"}
 
 
+
+@pytest.mark.parametrize("memory", [True, False])
+def test_sup_cl_warmup_reads_the_memory_from_memory_start_epoch(tmp_path, monkeypatch, memory):
+    """The Sup-CL warm-up (Table 7) reads the labelled memory from the same global epoch as
+    pre-training, as the authors' `train_sup` (`epoch > sup_queue_begin`): a 3-epoch warm-up
+    with memory_start_epoch 2 has no memory term in epoch 1 and one at every step of epochs
+    2 and 3; with `memory: false`, never."""
+    torch.set_num_threads(2)
+    cfg = _cfg()
+    cfg["warmup"].update(method="sup_cl", epochs=3)
+    cfg["pretrain"].update(epochs=4, memory=memory)
+    data = digits_data(cfg["noise"], n=96, n_test=32)                # 3 steps of 32 an epoch
+    with_memory = []
+    real = losses.selective_losses
+    monkeypatch.setattr(losses, "selective_losses",
+                        lambda *a, **k: with_memory.append(a[8] is not None) or real(*a, **k))
+    loops.warmup(cfg, data, CPU, _ck(tmp_path, "warmup"))
+    assert with_memory == [False] * 3 + [memory] * 6
+
 @pytest.mark.parametrize("drop_last", [False, True])
 def test_finetune_bootstraps_after_bootstrap_start_from_a_train_mode_forward(tmp_path, monkeypatch, drop_last):
     torch.set_num_threads(2)
