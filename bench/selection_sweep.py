@@ -10,12 +10,20 @@ neighbours' pseudo-labels (the method) and against their noisy labels (paper Tab
 "without"). `--version v1 v2` selects both ways on the same encoder: the SPEC's selection
 (the authors' `utils_noise.py`) and their `utils_noise_v2.py` (`selcl.selection`).
 
+--precision fp32 bf16 fp16: also embeds the images under CPU autocast in each dtype
+(fp32: none) and selects at the setting's K, α, β from each: |T|, precision of T, the
+members of T and the ŷ that differ from fp32's, γ. bf16 is what the CUDA path's selection
+embeds in (`selcl.device.autocast`); fp16 what the authors' apex O1 did. CPU autocast
+rounds the convolutions' and linear layers' inputs as CUDA autocast does, but its kernels
+are not CUDA's: this measures the rounding's size, not a GPU's exact numbers.
+
 --per-class: also, for the T the run itself ended with (pretrain.pt's `examples`, what
 fine-tuning trained on), |T| and the precision of T by given label, and the true classes
 of its wrong labels: which classes the encoder confuses.
 
     python bench/selection_sweep.py runs/cpu_cifar10_sym50 --k 10 25 50 100 --alpha 0.25 0.5
     python bench/selection_sweep.py runs/cpu_cifar10_sym50 --k 25 --per-class
+    python bench/selection_sweep.py runs/cpu_cifar10_asym40 --k 25 --precision fp32 bf16 fp16
 """
 from __future__ import annotations
 
@@ -40,6 +48,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="the selection's version (pretrain.selection_version); default: the setting's")
     ap.add_argument("--params", default=str(ROOT / "params.yaml"))
     ap.add_argument("--per-class", action="store_true", help="the run's own final T class by class")
+    ap.add_argument("--precision", nargs="+", choices=list(DTYPES), default=None,
+                    help="also select from embeddings under CPU autocast in these dtypes, against fp32's")
     args = ap.parse_args(argv)
     import torch
 
@@ -73,12 +83,55 @@ def main(argv: list[str] | None = None) -> int:
                           f"{st['precision_T']:.3f} | {st['recall_T']:.3f} | {'with' if pseudo else 'without'} | "
                           f"{version} | {st['threshold']:.4f} | {int(st['n_pairs'])} | {st['precision_G']:.3f} |",
                           flush=True)
+    if args.precision:
+        print()
+        print(precision_table(model, data, pc, args.precision))
     if args.per_class:
         from selcl.data import load_arrays
         names = load_arrays(run / "data.npz").classes
         print()
         print(per_class_table(state["examples"], data.noisy, data.clean, names))
     return 0
+
+
+DTYPES = {"fp32": None, "bf16": "bfloat16", "fp16": "float16"}
+
+
+def precision_table(model, data, pc: dict, precisions: list) -> str:
+    """Markdown: the selection (the setting's K, α, β, epoch seed) from embeddings computed
+    under CPU autocast in each dtype, each row against fp32's: which members of T and which
+    pseudo-labels ŷ differ, and how far the embeddings moved (max |z − z_fp32|, max 1 − cos)."""
+    import torch
+
+    from selcl.device import cpu_bf16
+    from selcl.evaluate import embed
+    from selcl.selection import select
+
+    if cpu_bf16():     # embed's own autocast would override the dtype asked for here
+        raise SystemExit("--precision: unset SELCL_CPU_BF16 (each row sets its own autocast dtype)")
+
+    def run(name):
+        dt = DTYPES[name]
+        with torch.autocast("cpu", dtype=getattr(torch, dt)) if dt else torch.autocast("cpu", enabled=False):
+            z, _ = embed(model, data.x, data.mean, data.std, crop=data.crop)
+        sel = select(z, data.noisy, data.num_classes, k=pc["k"], alpha=pc["alpha"], beta=pc["beta"],
+                     weighting=pc["knn_weighting"], seed=pc["epochs"], clean_labels=data.clean,
+                     pseudo_labels=pc["pseudo_labels"], version=pc["selection_version"])
+        return z, sel
+
+    z0, ref = run("fp32")
+    rows = ["| embedding | \\|T\\| | precision of T | T: members not in fp32's / fp32's not in it | "
+            "ŷ differing from fp32's | γ | max \\|z − z_fp32\\| | max 1 − cos(z, z_fp32) |",
+            "|---|---|---|---|---|---|---|---|"]
+    for name in precisions:
+        z, sel = (z0, ref) if name == "fp32" else run(name)
+        st = sel.stats
+        extra, missing = int((sel.examples & ~ref.examples).sum()), int((ref.examples & ~sel.examples).sum())
+        flips = int((sel.pseudo_labels != ref.pseudo_labels).sum())
+        cos = float((1 - (z * z0).sum(1)).max())
+        rows.append(f"| {name} | {int(st['n_selected'])} | {st['precision_T']:.4f} | {extra} / {missing} | "
+                    f"{flips} | {st['threshold']:.5f} | {float((z - z0).abs().max()):.2e} | {cos:.2e} |")
+    return "\n".join(rows)
 
 
 def per_class_table(examples, noisy, clean, names: list, top: int = 3) -> str:
