@@ -63,12 +63,15 @@ def test_sup_cl_warmup_reads_the_memory_from_memory_start_epoch(tmp_path, monkey
     """The Sup-CL warm-up (Table 7) reads the labelled memory from the same global epoch as
     pre-training, as the authors' `train_sup` (`epoch > sup_queue_begin`): a 3-epoch warm-up
     with memory_start_epoch 2 has no memory term in epoch 1 and one at every step of epochs
-    2 and 3; with `memory: false`, never."""
+    2 and 3; with `memory: false`, never. The warm-up gets the stage's view of the setting,
+    so a key it reads that stage_params.READS does not list fails here."""
+    from selcl.stage_params import stage_view
     torch.set_num_threads(2)
     cfg = _cfg()
     cfg["warmup"].update(method="sup_cl", epochs=3)
     cfg["pretrain"].update(epochs=4, memory=memory)
     data = digits_data(cfg["noise"], n=96, n_test=32)                # 3 steps of 32 an epoch
+    cfg = stage_view(cfg, "warmup")
     with_memory = []
     real = losses.selective_losses
     monkeypatch.setattr(losses, "selective_losses",
