@@ -282,7 +282,9 @@ def test_one_step_matches_the_reference_iteration(lambda_sim, split):
     view as the authors do. The random draws (views, λ, partners, the L_CLS batch) are
     replayed from a copy of the step's generator, in the order the step makes them.
     Compared: each parameter's update (so a term with a small share of it still shows), and
-    a reference without L_SIM must not match (the comparison sees L_SIM at λ_s = 0.01)."""
+    a reference without L_SIM must not match (the comparison sees L_SIM at λ_s = 0.01).
+    After the step, the EMA parameters are m·EMA + (1 − m)·the updated parameters, and
+    MoCo's queue holds this step's keys, embedded by the EMA before its update."""
     from selcl.memory import KeyQueue
     from conftest import random_images_and_net
     from selcl.models import EMA
@@ -368,9 +370,13 @@ def test_one_step_matches_the_reference_iteration(lambda_sim, split):
             assert (norm > 0.25) == (lambda_sim > 1)
         (l_sel + 1.0 * l_cls).backward()
         ropt.step()
-        return rm, aq, l_sel, l_sim
+        with torch.no_grad():      # the authors' moment_update, after the step, parameters only
+            for pe, pn in zip(re_.model.parameters(), rm.parameters()):
+                pe.mul_(0.99).add_(pn, alpha=0.01)
+        rq.enqueue(feat_k)         # MoCo's queue takes this step's keys, from the EMA before it
+        return rm, aq, l_sel, l_sim, re_, rq
 
-    rm, aq, l_sel, l_sim = reference(with_sim=True)
+    rm, aq, l_sel, l_sim, re_, rq = reference(with_sim=True)
 
     def matches(net) -> bool:
         """Every parameter's update equals the project's to float32 rounding, and every
@@ -392,6 +398,9 @@ def test_one_step_matches_the_reference_iteration(lambda_sim, split):
     assert not matches(reference(with_sim=False)[0])       # L_SIM's share of the step is seen
     assert torch.equal(mem.ids, aq.get()[2]) and mem.ptr == aq.ptr
     assert torch.allclose(mem.feats.double(), aq.get()[0], atol=1e-6)
+    for (name, a), b in zip(e.model.named_parameters(), re_.model.parameters()):
+        assert torch.allclose(a, b, atol=1e-6, rtol=1e-5), name               # the EMA update
+    assert len(q.keys) == len(rq.keys) == 10 and torch.allclose(q.keys, rq.keys, atol=1e-6)
     assert math.isfinite(float(l_sel.detach())) and float(l_sim.detach()) > 0
 
 
