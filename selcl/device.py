@@ -119,6 +119,22 @@ def autocast(device: torch.device):
     return contextlib.nullcontext()
 
 
+def embed_autocast(device: torch.device):
+    """Autocast for the embedding passes (`evaluate.embed`: the per-epoch selection, the
+    k-NN, test accuracy). On CUDA float16, not the training passes' bf16: the selection
+    cuts hard (the K-th neighbour, the class median n_sel, T's last member), and the
+    authors embedded under apex O1, i.e. fp16, whose 11-bit mantissa rounds 8× finer than
+    bf16's. On seven encoders of a CPU preset's run (epochs 30-121), against float32,
+    bf16 embeddings moved 7-31 of the 2,000 pseudo-labels and n_sel (by 1-3 a class) in
+    six, fp16 1-4 pseudo-labels and n_sel in one (`bench/selection_sweep.py --precision`,
+    bench/results/cpu_real.md). Tensor cores run fp16 as fast as bf16; a row whose fp16
+    pass overflows is embedded again in float32 (`embed`). CPU: as `autocast` (CPU fp16
+    kernels are slow; SELCL_CPU_BF16=1 embeds in bf16)."""
+    if is_cuda(device):
+        return torch.autocast("cuda", dtype=torch.float16)
+    return autocast(device)
+
+
 def cpu_bf16() -> bool:
     """SELCL_CPU_BF16=1: the CPU's network passes under bf16 autocast too, as on CUDA.
     Opt-in, because it changes CPU results (every CPU number recorded here is float32).
@@ -130,8 +146,10 @@ def cpu_bf16() -> bool:
 
 
 def precision(device: torch.device) -> str:
-    """What the network passes compute in (`autocast`), for the report."""
-    return "bf16 autocast" if is_cuda(device) or cpu_bf16() else "float32"
+    """What the network passes compute in (`autocast`, `embed_autocast`), for the report."""
+    if is_cuda(device):
+        return "bf16 autocast (embeddings fp16)"
+    return "bf16 autocast" if cpu_bf16() else "float32"
 
 
 def memory_format(device: torch.device) -> torch.memory_format:

@@ -6,10 +6,12 @@ what a practitioner can compute. Both are reported, top-1 and top-5.
 """
 from __future__ import annotations
 
+import warnings
+
 import torch
 
 from . import augment
-from .device import autocast, eval_batch_size, knn_index_for, memory_format
+from .device import embed_autocast, eval_batch_size, knn_index_for, memory_format
 from .knn import knn_search
 
 
@@ -19,21 +21,34 @@ def embed(model, x_uint8: torch.Tensor, mean, std, *, batch_size: int | None = N
 
     x_uint8: [N,3,H,W] uint8 on the model's device → (z [N,d], logits [N,C]).
     crop: CenterCrop(crop) first (WebVision: 224 of the stored 256; None: whole image).
+    Under `device.embed_autocast` (CUDA: float16); rows that overflow it come from float32.
     batch_size: None → the device's (`device.eval_batch_size`)."""
     was_training = model.training
     model.eval()
     device = x_uint8.device
     batch_size = batch_size or eval_batch_size(device)
     zs, logits = [], []
+
+    def view(rows):
+        x = augment.eval_view(x_uint8[rows], mean, std, crop)
+        return x.contiguous(memory_format=memory_format(device))
+
     for start in range(0, x_uint8.shape[0], batch_size):
-        x = augment.eval_view(x_uint8[start:start + batch_size], mean, std, crop)
-        x = x.contiguous(memory_format=memory_format(device))
-        with autocast(device):
-            z, out = model(x)
+        with embed_autocast(device):
+            z, out = model(view(slice(start, start + batch_size)))
         zs.append(z.float())
         logits.append(out.float())
+    z, out = torch.cat(zs), torch.cat(logits)
+    bad = ~(torch.isfinite(z).all(1) & torch.isfinite(out).all(1))    # fp16 overflow (CUDA)
+    if bad.any():                                    # one sync an embedding: those rows in float32
+        rows = bad.nonzero().squeeze(1)
+        warnings.warn(f"embed: {len(rows)} of {len(z)} rows overflowed the embedding autocast; "
+                      "embedded again in float32", RuntimeWarning, stacklevel=2)
+        for start in range(0, len(rows), batch_size):
+            r = rows[start:start + batch_size]
+            z[r], out[r] = (t.float() for t in model(view(r).float()))
     model.train(was_training)
-    return torch.cat(zs), torch.cat(logits)
+    return z, out
 
 
 @torch.no_grad()
