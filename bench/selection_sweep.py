@@ -11,11 +11,12 @@ neighbours' pseudo-labels (the method) and against their noisy labels (paper Tab
 (the authors' `utils_noise.py`) and their `utils_noise_v2.py` (`selcl.selection`).
 
 --precision fp32 bf16 fp16: also embeds the images under CPU autocast in each dtype
-(fp32: none) and selects at the setting's K, α, β from each: |T|, precision of T, the
-members of T and the ŷ that differ from fp32's, γ. bf16 is what the CUDA path's selection
-embeds in (`selcl.device.autocast`); fp16 what the authors' apex O1 did. CPU autocast
-rounds the convolutions' and linear layers' inputs as CUDA autocast does, but its kernels
-are not CUDA's: this measures the rounding's size, not a GPU's exact numbers.
+(fp32: none, as the pipeline embeds) and selects at the setting's K, α, β from each: |T|,
+precision of T, the members of T and the ŷ that differ from fp32's, γ. bf16 is the CUDA
+training passes' autocast (the selection embedded in it before 2026-12-06); fp16 what the
+authors' apex O1 embedded in on CIFAR. CPU autocast rounds the convolutions' and linear
+layers' inputs as CUDA autocast does, but its kernels are not CUDA's: this measures the
+rounding's size, not a GPU's exact numbers.
 
 --per-class: also, for the T the run itself ended with (pretrain.pt's `examples`, what
 fine-tuning trained on), |T| and the precision of T by given label, and the true classes
@@ -103,17 +104,13 @@ def precision_table(model, data, pc: dict, precisions: list) -> str:
     pseudo-labels ŷ differ, and how far the embeddings moved (max |z − z_fp32|, max 1 − cos)."""
     import torch
 
-    from selcl.device import cpu_bf16
     from selcl.evaluate import embed
     from selcl.selection import select
 
-    if cpu_bf16():     # embed's own autocast would override the dtype asked for here
-        raise SystemExit("--precision: unset SELCL_CPU_BF16 (each row sets its own autocast dtype)")
-
     def run(name):
         dt = DTYPES[name]
-        with torch.autocast("cpu", dtype=getattr(torch, dt)) if dt else torch.autocast("cpu", enabled=False):
-            z, _ = embed(model, data.x, data.mean, data.std, crop=data.crop)
+        z, _ = embed(model, data.x, data.mean, data.std, crop=data.crop,
+                     autocast_dtype=getattr(torch, dt) if dt else None)
         sel = select(z, data.noisy, data.num_classes, k=pc["k"], alpha=pc["alpha"], beta=pc["beta"],
                      weighting=pc["knn_weighting"], seed=pc["epochs"], clean_labels=data.clean,
                      pseudo_labels=pc["pseudo_labels"], version=pc["selection_version"])

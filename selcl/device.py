@@ -1,8 +1,8 @@
 """The one device helper: every CUDA-specific choice lives here.
 
 Nothing else in `selcl` calls `.cuda()` or checks `torch.cuda.is_available()`;
-it asks this module. CUDA paths (bf16 autocast, CUDA graphs, faiss GPU index)
-are chosen automatically and never change a stage's tracked params.
+it asks this module. CUDA paths (bf16 autocast for the training passes, CUDA graphs,
+faiss GPU index) are chosen automatically and never change a stage's tracked params.
 """
 from __future__ import annotations
 
@@ -108,10 +108,10 @@ def cuda_available() -> bool:
 
 
 def autocast(device: torch.device):
-    """bf16 autocast for the network passes on CUDA (buys ~2x matmul throughput
+    """bf16 autocast for the training passes on CUDA (buys ~2x matmul throughput
     on tensor cores); on CPU a no-op, so CPU results stay exact float32, unless
     SELCL_CPU_BF16=1 (cpu_bf16). Similarities, softmax and losses are computed in
-    float32 by the callers."""
+    float32 by the callers, and the embedding passes (`evaluate.embed`) run without it."""
     if is_cuda(device):
         return torch.autocast("cuda", dtype=torch.bfloat16)
     if cpu_bf16():
@@ -119,24 +119,9 @@ def autocast(device: torch.device):
     return contextlib.nullcontext()
 
 
-def embed_autocast(device: torch.device):
-    """Autocast for the embedding passes (`evaluate.embed`: the per-epoch selection, the
-    k-NN, test accuracy). On CUDA float16, not the training passes' bf16: the selection
-    cuts hard (the K-th neighbour, the class median n_sel, T's last member), and the
-    authors embedded under apex O1, i.e. fp16, whose 11-bit mantissa rounds 8× finer than
-    bf16's. On seven encoders of a CPU preset's run (epochs 30-121), against float32,
-    bf16 embeddings moved 7-31 of the 2,000 pseudo-labels and n_sel (by 1-3 a class) in
-    six, fp16 1-4 pseudo-labels and n_sel in one (`bench/selection_sweep.py --precision`,
-    bench/results/cpu_real.md). Tensor cores run fp16 as fast as bf16; a row whose fp16
-    pass overflows is embedded again in float32 (`embed`). CPU: as `autocast` (CPU fp16
-    kernels are slow; SELCL_CPU_BF16=1 embeds in bf16)."""
-    if is_cuda(device):
-        return torch.autocast("cuda", dtype=torch.float16)
-    return autocast(device)
-
-
 def cpu_bf16() -> bool:
-    """SELCL_CPU_BF16=1: the CPU's network passes under bf16 autocast too, as on CUDA.
+    """SELCL_CPU_BF16=1: the CPU's training passes under bf16 autocast too, as on CUDA
+    (the embedding passes stay float32 on both).
     Opt-in, because it changes CPU results (every CPU number recorded here is float32).
     On a CPU with AMX (Intel Sapphire Rapids and later) oneDNN runs bf16 convolutions on
     its tile units: on 2 cores of such a Xeon a CPU preset's Sel-CL step took 0.87× and
@@ -146,10 +131,9 @@ def cpu_bf16() -> bool:
 
 
 def precision(device: torch.device) -> str:
-    """What the network passes compute in (`autocast`, `embed_autocast`), for the report."""
-    if is_cuda(device):
-        return "bf16 autocast (embeddings fp16)"
-    return "bf16 autocast" if cpu_bf16() else "float32"
+    """What the training passes compute in (`autocast`), for the report; the embedding
+    passes (`evaluate.embed`) are float32 on every device."""
+    return "bf16 autocast" if is_cuda(device) or cpu_bf16() else "float32"
 
 
 def memory_format(device: torch.device) -> torch.memory_format:

@@ -6,49 +6,45 @@ what a practitioner can compute. Both are reported, top-1 and top-5.
 """
 from __future__ import annotations
 
-import warnings
-
 import torch
 
 from . import augment
-from .device import embed_autocast, eval_batch_size, knn_index_for, memory_format
+from .device import eval_batch_size, knn_index_for, memory_format
 from .knn import knn_search
 
 
 @torch.no_grad()
-def embed(model, x_uint8: torch.Tensor, mean, std, *, batch_size: int | None = None, crop=None):
+def embed(model, x_uint8: torch.Tensor, mean, std, *, batch_size: int | None = None, crop=None,
+          autocast_dtype: torch.dtype | None = None):
     """z (L2-normalised, float32) and logits of un-augmented images, eval mode.
 
     x_uint8: [N,3,H,W] uint8 on the model's device → (z [N,d], logits [N,C]).
     crop: CenterCrop(crop) first (WebVision: 224 of the stored 256; None: whole image).
-    Under `device.embed_autocast` (CUDA: float16); rows that overflow it come from float32.
-    batch_size: None → the device's (`device.eval_batch_size`)."""
+    batch_size: None → the device's (`device.eval_batch_size`).
+
+    Float32 on every device, outside the training passes' bf16 autocast: these passes feed
+    hard cuts (the selection's K-th neighbour, each class's n_sel, T's last member; the
+    k-NN; test accuracy). On seven encoders of a CPU preset's run, bf16 embeddings moved
+    n_sel in six and 7-31 of 2,000 pseudo-labels against float32 (`bench/selection_sweep.py
+    --precision`, bench/results/cpu_real.md). The authors embedded in fp16 (CIFAR
+    pre-training, apex O1) or float32 (WebVision, fine-tuning); on CUDA cuDNN may run these
+    float32 convolutions in TF32 (PyTorch's default), whose 10-bit mantissa is fp16's.
+    A pass costs a forward of the training set once an epoch, next to 391 training steps.
+    autocast_dtype: the passes under that autocast instead (to measure its rounding)."""
     was_training = model.training
     model.eval()
     device = x_uint8.device
     batch_size = batch_size or eval_batch_size(device)
     zs, logits = [], []
-
-    def view(rows):
-        x = augment.eval_view(x_uint8[rows], mean, std, crop)
-        return x.contiguous(memory_format=memory_format(device))
-
     for start in range(0, x_uint8.shape[0], batch_size):
-        with embed_autocast(device):
-            z, out = model(view(slice(start, start + batch_size)))
+        x = augment.eval_view(x_uint8[start:start + batch_size], mean, std, crop)
+        x = x.contiguous(memory_format=memory_format(device))
+        with torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
+            z, out = model(x)
         zs.append(z.float())
         logits.append(out.float())
-    z, out = torch.cat(zs), torch.cat(logits)
-    bad = ~(torch.isfinite(z).all(1) & torch.isfinite(out).all(1))    # fp16 overflow (CUDA)
-    if bad.any():                                    # one sync an embedding: those rows in float32
-        rows = bad.nonzero().squeeze(1)
-        warnings.warn(f"embed: {len(rows)} of {len(z)} rows overflowed the embedding autocast; "
-                      "embedded again in float32", RuntimeWarning, stacklevel=2)
-        for start in range(0, len(rows), batch_size):
-            r = rows[start:start + batch_size]
-            z[r], out[r] = (t.float() for t in model(view(r).float()))
     model.train(was_training)
-    return z, out
+    return torch.cat(zs), torch.cat(logits)
 
 
 @torch.no_grad()

@@ -224,9 +224,10 @@ def test_epoch_means_weigh_each_step_by_its_batch_size():
 
 
 def test_cpu_bf16_puts_every_network_pass_under_autocast_and_only_then(tmp_path, monkeypatch):
-    """SELCL_CPU_BF16=1 (opt-in): the warm-up's online and EMA passes, the CE baseline's and
-    the embedding passes all run under CPU bf16 autocast; unset, none does, so CPU results
-    stay float32. Both train (finite losses), and differently."""
+    """SELCL_CPU_BF16=1 (opt-in): the warm-up's online and EMA passes and the CE baseline's
+    training passes run under CPU bf16 autocast; unset, none does, so CPU results stay
+    float32. The embedding passes (eval mode: the baseline's test accuracy) never do, as on
+    CUDA. Both train (finite losses), and differently."""
     torch.set_num_threads(2)
     cfg = _cfg()
     cfg["baseline"].update(epochs=1, batch_size=32, lr_decay_epochs=[], eval_last=1)
@@ -234,14 +235,15 @@ def test_cpu_bf16_puts_every_network_pass_under_autocast_and_only_then(tmp_path,
     seen = []
     real_conv = torch.nn.Conv2d._conv_forward
     monkeypatch.setattr(torch.nn.Conv2d, "_conv_forward",
-                        lambda self, x, w, b: seen.append(torch.is_autocast_enabled("cpu")) or real_conv(self, x, w, b))
+                        lambda self, x, w, b: seen.append((self.training, torch.is_autocast_enabled("cpu")))
+                        or real_conv(self, x, w, b))
     runs = {}
     for flag in ("0", "1"):
         monkeypatch.setenv("SELCL_CPU_BF16", flag)
         seen.clear()
         warm = loops.warmup(cfg, data, CPU, _ck(tmp_path, f"warmup{flag}"))
         base = loops.baseline(cfg, data, CPU, _ck(tmp_path, f"baseline{flag}"))
-        assert seen and all(s == (flag == "1") for s in seen), (flag, set(seen))
+        assert set(seen) == {(True, flag == "1"), (False, False)}, (flag, set(seen))
         runs[flag] = (warm["model"], base["history"][-1])
         assert all(torch.isfinite(torch.tensor(h["loss"])) for h in warm["history"] + base["history"])
     assert not torch.equal(runs["0"][0]["encoder.conv1.weight"], runs["1"][0]["encoder.conv1.weight"])

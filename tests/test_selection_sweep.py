@@ -130,7 +130,7 @@ def test_both_versions_of_the_selection_on_one_encoder(tmp_path, capsys):
     assert rows[0][8] != rows[1][8]                # the two γ differ on this encoder
 
 
-def test_precision_rows_select_from_embeddings_under_each_autocast_dtype(tmp_path, capsys, monkeypatch):
+def test_precision_rows_select_from_embeddings_under_each_autocast_dtype(tmp_path, capsys):
     """--precision fp32 bf16: the fp32 row is the selection against itself (nothing differs);
     the bf16 row is `select` on the embeddings computed under CPU bf16 autocast, its
     differences from fp32's T and ŷ counted."""
@@ -140,7 +140,6 @@ def test_precision_rows_select_from_embeddings_under_each_autocast_dtype(tmp_pat
     from selcl.selection import select
     from selcl.train import TrainData
 
-    monkeypatch.delenv("SELCL_CPU_BF16", raising=False)
     run = tmp_path / "demo_asym40"
     cfg, ds, noisy, model = saved_run(tmp_path, "demo_asym40", "asym")
     assert selection_sweep.main([str(run), "--k", "25", "--precision", "fp32", "bf16"]) == 0
@@ -150,8 +149,7 @@ def test_precision_rows_select_from_embeddings_under_each_autocast_dtype(tmp_pat
     data, pc = TrainData.load(run, torch.device("cpu")), cfg["pretrain"]
     kw = dict(k=pc["k"], alpha=pc["alpha"], beta=pc["beta"], seed=pc["epochs"], clean_labels=data.clean)
     z32, _ = embed(model, data.x, data.mean, data.std)
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        z16, _ = embed(model, data.x, data.mean, data.std)
+    z16, _ = embed(model, data.x, data.mean, data.std, autocast_dtype=torch.bfloat16)
     assert not torch.equal(z16, z32)                         # the rounding is there to measure
     ref, sel = select(z32, data.noisy, 10, **kw), select(z16, data.noisy, 10, **kw)
     assert int(cells["bf16"][1]) == sel.stats["n_selected"]
