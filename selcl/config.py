@@ -101,6 +101,8 @@ SCHEMA: dict[str, dict[str, tuple]] = {
         "pseudo_labels": (bool, None), "selection_version": (str, _choice("v1", "v2")),
         "mixup": (bool, None), "memory": (bool, None), "selection": (bool, None),
         "classifier": (bool, None), "sim_loss": (bool, None),
+        "sim_grad_clip": (OPT_FLOAT, lambda v: v is None or _posf(v)),
+        "grad_clip": (OPT_FLOAT, lambda v: v is None or _posf(v)),
         "selected_sets": (str, _choice("all", "T_G1", "T_G1_G2", "clean_assoc", "clean_all_pairs",
                                        "clean_clean")),
         "drop_last": (bool, None), "checkpoint_every": (int, _pos),

@@ -26,9 +26,10 @@ def embed(model, x_uint8: torch.Tensor, mean, std, *, batch_size: int | None = N
     hard cuts (the selection's K-th neighbour, each class's n_sel, T's last member; the
     k-NN; test accuracy). On seven encoders of a CPU preset's run, bf16 embeddings moved
     n_sel in six and 7-31 of 2,000 pseudo-labels against float32 (`bench/selection_sweep.py
-    --precision`, bench/results/cpu_real.md). The authors embedded in fp16 (CIFAR
-    pre-training, apex O1) or float32 (WebVision, fine-tuning); on CUDA cuDNN may run these
-    float32 convolutions in TF32 (PyTorch's default), whose 10-bit mantissa is fp16's.
+    --precision`, bench/results/cpu_real.md). The authors embedded in fp16 in pre-training
+    (apex O1 on CIFAR, an autocast-decorated forward on WebVision), float32 in CIFAR
+    fine-tuning's tests; fp16 stayed within 1-4 pseudo-labels of float32 there. On CUDA
+    cuDNN may run these float32 convolutions in TF32 (PyTorch's default, fp16's mantissa).
     A pass costs a forward of the training set once an epoch, next to 391 training steps.
     autocast_dtype: the passes under that autocast instead (to measure its rounding)."""
     was_training = model.training

@@ -189,8 +189,8 @@ PAPER_CIFAR = {
                  "memory_start_epoch": 4, "lambda_cls": 1.0, "lambda_sim": 0.01, "k": 250,
                  "knn_weighting": "uniform", "knn_index": "flat", "pseudo_labels": True,
                  "selection_version": "v1", "mixup": True, "memory": True,
-                 "selection": True, "classifier": True, "sim_loss": True, "selected_sets": "T_G1_G2",
-                 "drop_last": False},
+                 "selection": True, "classifier": True, "sim_loss": True, "sim_grad_clip": 0.25,
+                 "grad_clip": None, "selected_sets": "T_G1_G2", "drop_last": False},
     "finetune": {"epochs": 70, "batch_size": 128, "lr": 0.001, "momentum": 0.9, "weight_decay": 0.0001,
                  "mixup_alpha": 1.0, "bootstrap": 0.2, "bootstrap_start": 30, "augment": "weak",
                  "reinit_classifier": True, "eval_last": 10, "drop_last": False},
@@ -204,7 +204,8 @@ PAPER_WEBVISION_CHANGES = {
     "data": {"image_size": 256, "crop": 224, "crop_scale": [0.2, 1.0]},
     "model": {"arch": "resnet18", "bn_replicas": 4},   # nn.DataParallel over four GPUs
     "warmup": {"epochs": 5},
-    "pretrain": {"epochs": 130, "batch_size": 64, "lr_decay_epochs": [80, 105], "queue_per_class": 200},
+    "pretrain": {"epochs": 130, "batch_size": 64, "lr_decay_epochs": [80, 105], "queue_per_class": 200,
+                 "sim_grad_clip": None, "grad_clip": 1.0},      # their WebVision step's one clip
     "finetune": {"epochs": 50, "batch_size": 64, "bootstrap_start": 20},
 }
 WEBVISION_CLASSES = 50

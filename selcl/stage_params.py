@@ -22,11 +22,14 @@ READS: dict[str, dict[str, object]] = {
     "noise": {"noise": ALL, "model": ["arch"]},
     # the warm-up is the first epoch(s) of the pre-training run (SPEC §10.3): pre-training's
     # loader, optimiser, lr schedule, memory size and switches (memory_start_epoch: a Sup-CL
-    # warm-up reads the memory from it), but not α, β, K (a sweep of those keeps the warm-up)
+    # warm-up reads the memory from it; sim_grad_clip: with the L_SIM switches it decides
+    # whether the CUDA training forward can be graphed), but not α, β, K (a sweep of those
+    # keeps the warm-up)
     "warmup": {"model": ALL, "warmup": ALL,
                "pretrain": ["batch_size", "drop_last", "lr", "lr_warmup_epochs", "lr_decay_epochs", "lr_decay",
                             "momentum", "weight_decay", "queue_per_class", "mixup", "temperature", "lambda_cls",
-                            "classifier", "sim_loss", "lambda_sim", "memory", "memory_start_epoch"]},
+                            "classifier", "sim_loss", "lambda_sim", "sim_grad_clip", "memory",
+                            "memory_start_epoch"]},
     # queue, memory, optimiser and epoch count carry over from the warm-up; k-NN accuracy
     # is logged per epoch
     "pretrain": {"model": ALL, "warmup": ["queue_size", "epochs", "temperature"], "pretrain": ALL,

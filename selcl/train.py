@@ -459,7 +459,12 @@ class Pretrainer:
         k, z_ema_mix, p_ema_mix = k.clone(), torch.cat(zk_mix), torch.cat(logits_k_mix).softmax(1)
         self._remember(z_ema_mix, p_ema_mix, idx)           # (3) the memory holds the current batch
         g_sim = None
-        if use_sim and self.sim_recompute:
+        # The authors' CIFAR step clips ∇λ_s·L_SIM alone (sim_grad_clip 0.25, below); their
+        # WebVision step has one backward of the whole loss, L_SIM in it, and clips the total
+        # gradient (grad_clip 1; `_apply`). Read only here: the Sup-CL warm-up has neither.
+        sim_own_clip = use_sim and pc["sim_grad_clip"] is not None
+        total_clip = None if supervised_warmup else pc["grad_clip"]
+        if sim_own_clip and self.sim_recompute:
             # L_SIM's clipped gradient from its own online pass over the mixed views, freed
             # before the main pass: every online graph is then back-propagated once (CUDA
             # graphs allowed) for one extra 2B-row forward. Same values as the retained
@@ -470,7 +475,7 @@ class Pretrainer:
                 batch_s, memory_s = self._candidates(None, p_s, anchor_ids, read_memory)
                 l_sim_s = losses.selective_losses(None, p_s, None, lam, anchor_ids, partner_rows, rule.in_G,
                                                   batch_s, memory_s, pc["temperature"])["l_sim"]
-                g_sim = self._clipped_sim_grad(pc["lambda_sim"] * l_sim_s, retain=False)
+                g_sim = self._clipped_sim_grad(pc["lambda_sim"] * l_sim_s, pc["sim_grad_clip"], retain=False)
             l_sim_s = l_sim_s.detach()
             del logits_s, p_s, batch_s, memory_s     # a CUDA graph's outputs: dead before it replays
         # Online: v1 (for u_i), mixed view 1, mixed view 2 in one call, then the two L_CLS
@@ -498,9 +503,11 @@ class Pretrainer:
                                                torch.cat([yc[pc1], yc[pc2]]), lc)
             loss = loss + pc["lambda_cls"] * l_cls
             out["l_cls"] = l_cls.detach()
-        if g_sim is None and use_sim:
-            g_sim = self._clipped_sim_grad(pc["lambda_sim"] * l_sim, retain=True)
-        self._apply(loss, g_sim)
+        if g_sim is None and sim_own_clip:
+            g_sim = self._clipped_sim_grad(pc["lambda_sim"] * l_sim, pc["sim_grad_clip"], retain=True)
+        elif use_sim and not sim_own_clip:
+            loss = loss + pc["lambda_sim"] * l_sim           # one backward (the authors' WebVision step)
+        self._apply(loss, g_sim, total_clip)
         self.queue.enqueue(dist.gather(k))                  # (1) after the step: u_i saw the old keys
         if use_sim:
             out["l_sim"] = l_sim.detach()
@@ -523,7 +530,7 @@ class Pretrainer:
                                        self.memory.current_mask(), self.memory.current[0] + own)
         return batch, memory
 
-    def _clipped_sim_grad(self, sim: torch.Tensor, retain: bool) -> list:
+    def _clipped_sim_grad(self, sim: torch.Tensor, max_norm: float, retain: bool) -> list:
         """∇λ_s·L_SIM over the parameters, averaged over ranks, clipped to a total norm of
         0.25 (as `clip_grad_norm_`; SPEC §10.2.6). autograd.grad, not backward: the DDP
         reducer sees only the main backward. `retain`: the graph is back-propagated again."""
@@ -535,12 +542,13 @@ class Pretrainer:
         # Out of place: with the L_SIM recompute these gradients are outputs of a CUDA-graphed
         # backward, whose memory the next graph generation (the main pass) reuses (seen on an
         # H200); the scaled copies are ours. Same arithmetic as the in-place product.
-        g = torch._foreach_mul(g, torch.clamp(SIM_MAX_NORM / (norm + 1e-6), max=1.0))
+        g = torch._foreach_mul(g, torch.clamp(max_norm / (norm + 1e-6), max=1.0))
         return [None if u else gi for u, gi in zip(unused, g)]
 
-    def _apply(self, loss: torch.Tensor, g_sim: list | None = None) -> None:
+    def _apply(self, loss: torch.Tensor, g_sim: list | None = None, max_norm: float | None = None) -> None:
         """One SGD step: the gradient of `loss` plus `g_sim` (L_SIM's clipped gradient,
-        `_clipped_sim_grad`), then the EMA update."""
+        `_clipped_sim_grad`), the whole clipped to a total norm of `max_norm` if given (the
+        authors' WebVision step: `clip_grad_norm_` after unscaling), then the EMA update."""
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
         if g_sim is not None:
@@ -554,6 +562,8 @@ class Pretrainer:
                     grads.append(p.grad); adds.append(g)
             if grads:
                 torch._foreach_add_(grads, adds)   # one fused kernel for ∇L + clipped ∇L_SIM
+        if max_norm is not None:     # after DDP's reducer: the global batch's gradient
+            torch.nn.utils.clip_grad_norm_(self.params, max_norm)
         # A parameter neither loss reaches (the classifier in the Uns-CL warm-up) keeps no
         # gradient, and SGD skips it: no weight decay, no momentum buffer, as in the authors'
         # loop, where zero_grad leaves a missing gradient missing.
@@ -573,12 +583,13 @@ class Pretrainer:
         self.memory.load_state_dict(state["memory"])
 
 
-SIM_MAX_NORM = 0.25     # the authors clip the gradient of λ_s·L_SIM to this total norm
+SIM_MAX_NORM = 0.25     # the authors' CIFAR step clips the gradient of λ_s·L_SIM to this norm
 
 
 def _clips_sim(pc: dict) -> bool:
-    """L_SIM is on, so each step back-propagates the online graph twice (retain_graph)."""
-    return bool(pc["classifier"] and pc["sim_loss"] and pc["lambda_sim"] > 0)
+    """L_SIM is on with a clip of its own, so each step back-propagates the online graph
+    twice (retain_graph)."""
+    return bool(pc["classifier"] and pc["sim_loss"] and pc["lambda_sim"] > 0 and pc["sim_grad_clip"] is not None)
 
 
 def sim_recompute_enabled(device) -> bool:

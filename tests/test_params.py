@@ -112,3 +112,15 @@ def test_only_webvision_shards_batchnorm():
     shards = {name: resolve(p, name)["model"]["bn_replicas"] for name in p["settings"]}
     assert p["defaults"]["model"]["bn_replicas"] == 1
     assert {name for name, r in shards.items() if r != 1} == {"webvision50"}
+
+
+def test_only_webvision_clips_the_whole_gradient():
+    """The authors' CIFAR step clips the gradient of λ_s·L_SIM alone to norm 0.25 and adds
+    it (apex, two losses); their WebVision step back-propagates the whole loss once and
+    clips the total gradient to norm 1 (`utils_noise_webvision.train_sel`). Every other
+    setting keeps the CIFAR rule."""
+    p = params()
+    clips = {name: (resolve(p, name)["pretrain"]["sim_grad_clip"], resolve(p, name)["pretrain"]["grad_clip"])
+             for name in p["settings"]}
+    assert clips.pop("webvision50") == (None, 1.0)
+    assert set(clips.values()) == {(0.25, None)}

@@ -271,9 +271,10 @@ def _moco_per_example(q, k, negatives):
     return F.cross_entropy(out, torch.zeros(len(q), dtype=torch.long), reduction="none")
 
 
+@pytest.mark.parametrize("clip", ["sim", "total"])   # the authors' CIFAR step / their WebVision step
 @pytest.mark.parametrize("split", [False, True], ids=["one-call", "call-per-view"])
 @pytest.mark.parametrize("lambda_sim", [0.01, 3.0])   # 3.0: the clipping of ∇L_SIM is active
-def test_one_step_matches_the_reference_iteration(lambda_sim, split):
+def test_one_step_matches_the_reference_iteration(lambda_sim, split, clip):
     """One `Pretrainer.step` (per-view BatchNorm statistics in one network call, or one call
     per view, the CPU default; u_i on the
     un-mixed view, memory written before the loss, L_CLS per-view λ, the L_SIM gradient
@@ -284,7 +285,9 @@ def test_one_step_matches_the_reference_iteration(lambda_sim, split):
     Compared: each parameter's update (so a term with a small share of it still shows), and
     a reference without L_SIM must not match (the comparison sees L_SIM at λ_s = 0.01).
     After the step, the EMA parameters are m·EMA + (1 − m)·the updated parameters, and
-    MoCo's queue holds this step's keys, embedded by the EMA before its update."""
+    MoCo's queue holds this step's keys, embedded by the EMA before its update.
+    clip "total" (the authors' WebVision step, `sim_grad_clip: null`, `grad_clip` set): one
+    backward of L_sel + λ_c·L_CLS + λ_s·L_SIM, the whole gradient clipped to grad_clip."""
     from selcl.memory import KeyQueue
     from conftest import random_images_and_net
     from selcl.models import EMA
@@ -299,7 +302,10 @@ def test_one_step_matches_the_reference_iteration(lambda_sim, split):
         for p in ema.model.parameters():
             p.add_(0.05 * torch.randn(p.shape, generator=gen))
     pc = {"mixup": True, "classifier": True, "lambda_cls": 1.0, "sim_loss": True, "lambda_sim": lambda_sim,
-          "memory": True, "temperature": TAU}
+          "memory": True, "temperature": TAU, "sim_grad_clip": 0.25, "grad_clip": None}
+    TOTAL = 0.05                   # under the tiny net's gradient norm: the clip is active
+    if clip == "total":
+        pc.update(sim_grad_clip=None, grad_clip=TOTAL)
     G = torch.rand(N, N, generator=gen) < 0.4
     G = G | G.T | torch.eye(N, dtype=torch.bool)
     rule = type("Rule", (), {"in_G": staticmethod(lambda i, j: G[i][:, j])})
@@ -364,11 +370,16 @@ def test_one_step_matches_the_reference_iteration(lambda_sim, split):
         l_cls = torch.cat([lc1 * ce(lcA, yc) + (1 - lc1) * ce(lcA, yc[pc1]),
                            lc2 * ce(lcB, yc) + (1 - lc2) * ce(lcB, yc[pc2])]).mean()
         rm.zero_grad()
-        if with_sim:
-            (lambda_sim * l_sim).backward(retain_graph=True)
-            norm = torch.nn.utils.clip_grad_norm_(rm.parameters(), max_norm=0.25)
-            assert (norm > 0.25) == (lambda_sim > 1)
-        (l_sel + 1.0 * l_cls).backward()
+        if clip == "total":
+            (l_sel + 1.0 * l_cls + (lambda_sim * l_sim if with_sim else 0)).backward()
+            norm = torch.nn.utils.clip_grad_norm_(rm.parameters(), max_norm=TOTAL)
+            assert norm > TOTAL
+        else:
+            if with_sim:
+                (lambda_sim * l_sim).backward(retain_graph=True)
+                norm = torch.nn.utils.clip_grad_norm_(rm.parameters(), max_norm=0.25)
+                assert (norm > 0.25) == (lambda_sim > 1)
+            (l_sel + 1.0 * l_cls).backward()
         ropt.step()
         with torch.no_grad():      # the authors' moment_update, after the step, parameters only
             for pe, pn in zip(re_.model.parameters(), rm.parameters()):
@@ -395,7 +406,8 @@ def test_one_step_matches_the_reference_iteration(lambda_sim, split):
         return True
 
     assert matches(rm)
-    assert not matches(reference(with_sim=False)[0])       # L_SIM's share of the step is seen
+    if clip == "sim" or lambda_sim > 1:    # under the total clip λ_s = 0.01's share is too small to see
+        assert not matches(reference(with_sim=False)[0])   # L_SIM's share of the step is seen
     assert torch.equal(mem.ids, aq.get()[2]) and mem.ptr == aq.ptr
     assert torch.allclose(mem.feats.double(), aq.get()[0], atol=1e-6)
     for (name, a), b in zip(e.model.named_parameters(), re_.model.parameters()):

@@ -16,7 +16,7 @@ from selcl.train import SIM_MAX_NORM, Pretrainer
 
 N, B, C, H = 24, 6, 3, 12
 BASE = {"mixup": True, "classifier": True, "lambda_cls": 1.0, "sim_loss": True, "lambda_sim": 0.01,
-        "memory": True, "temperature": 0.1}
+        "memory": True, "temperature": 0.1, "sim_grad_clip": SIM_MAX_NORM, "grad_clip": None}
 
 
 def _setup(**pc):
@@ -283,11 +283,11 @@ def test_sim_recompute_reads_nothing_of_an_ended_graph_generation():
 def test_graph_pool_catches_a_gradient_left_in_the_pool(monkeypatch):
     """The emulation can fail: scaling L_SIM's gradients in place (they stay in the pool, as
     before the fix) lets the main pass's new generation overwrite them."""
-    def in_place(self, sim, retain):
+    def in_place(self, sim, max_norm, retain):
         g = torch.autograd.grad(sim, self.params, retain_graph=retain, allow_unused=True)
         g = [torch.zeros_like(p) if gi is None else gi for p, gi in zip(self.params, g)]
         norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(gi) for gi in g]))
-        torch._foreach_mul_(g, torch.clamp(SIM_MAX_NORM / (norm + 1e-6), max=1.0))
+        torch._foreach_mul_(g, torch.clamp(max_norm / (norm + 1e-6), max=1.0))
         return g
     monkeypatch.setattr(Pretrainer, "_clipped_sim_grad", in_place)
     tr, data, rule = _cuda_path(pooled=True)
