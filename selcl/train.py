@@ -432,6 +432,8 @@ class Pretrainer:
           L_SIM  batch term + memory term; its gradient clipped to norm 0.25       (6)
           L_CLS  mixup CE on a batch drawn with replacement from T, λ per view     (7)
           update g = clip(∇λ_s·L_SIM) + ∇(L_sel + λ_c·L_CLS), then the EMA
+                 (sim_grad_clip null, grad_clip c: g = clip_c(∇(L_sel + λ_c·L_CLS + λ_s·L_SIM)),
+                 the authors' WebVision step)
 
         supervised_warmup: the Sup-CL warm-up of Table 7 (the authors' `train_sup`): no
         mixup, no u_i, no L_SIM; `rule` = all same-label pairs, T = everyone."""
