@@ -56,7 +56,6 @@ def main(argv: list[str] | None = None) -> int:
 
     from selcl.config import load_params, resolve
     from selcl.evaluate import embed
-    from selcl.selection import select
     from selcl.train import TrainData, make_model
 
     run = Path(args.run_dir)
@@ -77,16 +76,14 @@ def main(argv: list[str] | None = None) -> int:
         for alpha in args.alpha or [pc["alpha"]]:
             for pseudo in scorings:
                 for version in args.version or [pc["selection_version"]]:
-                    st = select(z, data.noisy, data.num_classes, k=k, alpha=alpha, beta=pc["beta"],
-                                weighting=pc["knn_weighting"], seed=pc["epochs"], clean_labels=data.clean,
-                                pseudo_labels=pseudo, version=version).stats
+                    st = _select(z, data, pc, k=k, alpha=alpha, pseudo_labels=pseudo, version=version).stats
                     print(f"| {k} | {alpha:g} | {int(st['n_per_class'])} | {int(st['n_selected'])} | "
                           f"{st['precision_T']:.3f} | {st['recall_T']:.3f} | {'with' if pseudo else 'without'} | "
                           f"{version} | {st['threshold']:.4f} | {int(st['n_pairs'])} | {st['precision_G']:.3f} |",
                           flush=True)
     if args.precision:
         print()
-        print(precision_table(model, data, pc, args.precision))
+        print(precision_table(model, data, pc, args.precision, z))
     if args.per_class:
         from selcl.data import load_arrays
         names = load_arrays(run / "data.npz").classes
@@ -98,25 +95,30 @@ def main(argv: list[str] | None = None) -> int:
 DTYPES = {"fp32": None, "bf16": "bfloat16", "fp16": "float16"}
 
 
-def precision_table(model, data, pc: dict, precisions: list) -> str:
+def _select(z, data, pc: dict, **overrides):
+    """`selcl.selection.select` on embeddings z with the setting's selection parameters
+    (K, α, pseudo-labels, version replaceable) and γ's sample seeded as its last epoch."""
+    from selcl.selection import select
+    kw = dict(k=pc["k"], alpha=pc["alpha"], pseudo_labels=pc["pseudo_labels"], version=pc["selection_version"])
+    return select(z, data.noisy, data.num_classes, beta=pc["beta"], weighting=pc["knn_weighting"],
+                  seed=pc["epochs"], clean_labels=data.clean, **{**kw, **overrides})
+
+
+def precision_table(model, data, pc: dict, precisions: list, z0) -> str:
     """Markdown: the selection (the setting's K, α, β, epoch seed) from embeddings computed
-    under CPU autocast in each dtype, each row against fp32's: which members of T and which
-    pseudo-labels ŷ differ, and how far the embeddings moved (max |z − z_fp32|, max 1 − cos)."""
+    under CPU autocast in each dtype, each row against fp32's (z0, the float32 embeddings):
+    which members of T and which pseudo-labels ŷ differ, and how far the embeddings moved
+    (max |z − z_fp32|, max 1 − cos)."""
     import torch
 
     from selcl.evaluate import embed
-    from selcl.selection import select
 
     def run(name):
-        dt = DTYPES[name]
-        z, _ = embed(model, data.x, data.mean, data.std, crop=data.crop,
-                     autocast_dtype=getattr(torch, dt) if dt else None)
-        sel = select(z, data.noisy, data.num_classes, k=pc["k"], alpha=pc["alpha"], beta=pc["beta"],
-                     weighting=pc["knn_weighting"], seed=pc["epochs"], clean_labels=data.clean,
-                     pseudo_labels=pc["pseudo_labels"], version=pc["selection_version"])
-        return z, sel
+        z = embed(model, data.x, data.mean, data.std, crop=data.crop,
+                  autocast_dtype=getattr(torch, DTYPES[name]))[0] if DTYPES[name] else z0
+        return z, _select(z, data, pc)
 
-    z0, ref = run("fp32")
+    _, ref = run("fp32")
     rows = ["| embedding | \\|T\\| | precision of T | T: members not in fp32's / fp32's not in it | "
             "ŷ differing from fp32's | γ | max \\|z − z_fp32\\| | max 1 − cos(z, z_fp32) |",
             "|---|---|---|---|---|---|---|---|"]

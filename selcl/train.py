@@ -298,10 +298,7 @@ def warmup(cfg: dict, data: TrainData, device, ckpt: Checkpointer, on_epoch=None
     everyone = torch.arange(data.n, device=device)
     same_label = pair_rule(None, data.noisy, data.clean, selected_sets="all")
     for epoch in _progress(range(start, wc["epochs"] + 1), "warm-up", total=wc["epochs"], initial=start - 1):
-        # Sup-CL reads the memory from the same global epoch as pre-training (the authors'
-        # `train_sup` tests `epoch > sup_queue_begin` as `train_sel` does): only a warm-up
-        # longer than 3 epochs (WebVision's 40) reaches it.
-        read_memory = pc["memory"] and epoch >= pc["memory_start_epoch"]
+        read_memory = reads_memory(pc, epoch)   # Sup-CL: only a warm-up over 3 epochs reaches it
         tr.model.train(); tr.ema.model.train()
         means = EpochMeans()
         for it, idx in enumerate(_batches(data.n, pc["batch_size"], tr.order, device, pc["drop_last"])):
@@ -534,7 +531,7 @@ class Pretrainer:
 
     def _clipped_sim_grad(self, sim: torch.Tensor, max_norm: float, retain: bool) -> list:
         """∇λ_s·L_SIM over the parameters, averaged over ranks, clipped to a total norm of
-        0.25 (as `clip_grad_norm_`; SPEC §10.2.6). autograd.grad, not backward: the DDP
+        `max_norm` (as `clip_grad_norm_`; 0.25, SPEC §10.2.6). autograd.grad, not backward: the DDP
         reducer sees only the main backward. `retain`: the graph is back-propagated again."""
         g = torch.autograd.grad(sim, self.params, retain_graph=retain, allow_unused=True)
         unused = [gi is None for gi in g]     # the same on every rank: one graph, one model
@@ -585,7 +582,11 @@ class Pretrainer:
         self.memory.load_state_dict(state["memory"])
 
 
-SIM_MAX_NORM = 0.25     # the authors' CIFAR step clips the gradient of λ_s·L_SIM to this norm
+def reads_memory(pc: dict, epoch: int) -> bool:
+    """Whether global epoch `epoch` reads the labelled memory: from memory_start_epoch, in
+    the Sup-CL warm-up as in pre-training (the authors' `train_sup` and `train_sel` both
+    test `epoch > sup_queue_begin`)."""
+    return bool(pc["memory"] and epoch >= pc["memory_start_epoch"])
 
 
 def _clips_sim(pc: dict) -> bool:
@@ -673,7 +674,7 @@ def pretrain(cfg: dict, data: TrainData, warm: dict, device, ckpt: Checkpointer,
             raise ConfigError(f"settings.{cfg['name']}.pretrain.alpha = {pc['alpha']}: the selection T is "
                               f"empty after epoch {epoch - 1}, which SELCL_NPROC > 1 cannot train through "
                               f"(no L_CLS gradient for the classifier); raise alpha or run one process")
-        read_memory = pc["memory"] and epoch >= pc["memory_start_epoch"]
+        read_memory = reads_memory(pc, epoch)
         tr.model.train(); tr.ema.model.train()     # EMA BatchNorm: batch statistics (§2)
         means = EpochMeans()
         t0 = time.perf_counter()

@@ -57,7 +57,6 @@ def test_uns_cl_warmup_leaves_the_classifier_alone(tmp_path):
     assert set(params) - with_buffer == {"classifier.weight", "classifier.bias"}
 
 
-
 @pytest.mark.parametrize("memory", [True, False])
 def test_sup_cl_warmup_reads_the_memory_from_memory_start_epoch(tmp_path, monkeypatch, memory):
     """The Sup-CL warm-up (Table 7) reads the labelled memory from the same global epoch as
@@ -78,6 +77,7 @@ def test_sup_cl_warmup_reads_the_memory_from_memory_start_epoch(tmp_path, monkey
                         lambda *a, **k: with_memory.append(a[8] is not None) or real(*a, **k))
     loops.warmup(cfg, data, CPU, _ck(tmp_path, "warmup"))
     assert with_memory == [False] * 3 + [memory] * 6
+
 
 @pytest.mark.parametrize("drop_last", [False, True])
 def test_finetune_bootstraps_after_bootstrap_start_from_a_train_mode_forward(tmp_path, monkeypatch, drop_last):

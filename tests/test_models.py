@@ -315,7 +315,6 @@ def test_embedding_does_not_depend_on_the_evaluation_batch():
     assert model.training        # the model's mode is restored
 
 
-
 def test_embeddings_are_float32_whatever_autocast_surrounds_them(monkeypatch):
     """`evaluate.embed` (the selection's, the k-NN's and test accuracy's passes) runs in
     float32 even inside the training passes' bf16 autocast or with SELCL_CPU_BF16=1: its

@@ -120,7 +120,7 @@ def test_only_webvision_clips_the_whole_gradient():
     clips the total gradient to norm 1 (`utils_noise_webvision.train_sel`). Every other
     setting keeps the CIFAR rule."""
     p = params()
-    clips = {name: (resolve(p, name)["pretrain"]["sim_grad_clip"], resolve(p, name)["pretrain"]["grad_clip"])
-             for name in p["settings"]}
+    pre = {name: resolve(p, name)["pretrain"] for name in p["settings"]}
+    clips = {name: (c["sim_grad_clip"], c["grad_clip"]) for name, c in pre.items()}
     assert clips.pop("webvision50") == (None, 1.0)
     assert set(clips.values()) == {(0.25, None)}

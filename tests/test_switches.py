@@ -12,11 +12,11 @@ from conftest import random_images_and_net
 from selcl import losses
 from selcl.memory import KeyQueue, LabelledMemory
 from selcl.models import EMA, set_bn_replicas
-from selcl.train import SIM_MAX_NORM, Pretrainer
+from selcl.train import Pretrainer
 
 N, B, C, H = 24, 6, 3, 12
 BASE = {"mixup": True, "classifier": True, "lambda_cls": 1.0, "sim_loss": True, "lambda_sim": 0.01,
-        "memory": True, "temperature": 0.1, "sim_grad_clip": SIM_MAX_NORM, "grad_clip": None}
+        "memory": True, "temperature": 0.1, "sim_grad_clip": 0.25, "grad_clip": None}
 
 
 def _setup(**pc):
