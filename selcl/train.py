@@ -445,7 +445,7 @@ class Pretrainer:
             ic = T_idx[torch.randint(len(T_idx), (B,), generator=self.g, device=device)]
             c1, c2 = _views(data.x[ic], self.g, data, n=2)
             (lc1, pc1), (lc2, pc2) = self.mixup(B, device, mixup_on), self.mixup(B, device, mixup_on)
-        use_sim = pc["classifier"] and pc["sim_loss"] and pc["lambda_sim"] > 0 and not supervised_warmup
+        use_sim = _uses_sim(pc) and not supervised_warmup
         lam = torch.cat([lam1.expand(B), lam2.expand(B)]).float()
         anchor_ids = torch.cat([idx, idx])                  # dominant example of each anchor
         partner_rows = torch.cat([p1, p2 + B])
@@ -461,7 +461,7 @@ class Pretrainer:
         # The authors' CIFAR step clips ∇λ_s·L_SIM alone (sim_grad_clip 0.25, below); their
         # WebVision step has one backward of the whole loss, L_SIM in it, and clips the total
         # gradient (grad_clip 1; `_apply`). Read only here: the Sup-CL warm-up has neither.
-        sim_own_clip = use_sim and pc["sim_grad_clip"] is not None
+        sim_own_clip = use_sim and _clips_sim(pc)
         total_clip = None if supervised_warmup else pc["grad_clip"]
         if sim_own_clip and self.sim_recompute:
             # L_SIM's clipped gradient from its own online pass over the mixed views, freed
@@ -589,10 +589,15 @@ def reads_memory(pc: dict, epoch: int) -> bool:
     return bool(pc["memory"] and epoch >= pc["memory_start_epoch"])
 
 
+def _uses_sim(pc: dict) -> bool:
+    """The Sel-CL step has an L_SIM term (the classifier on, its switch on, λ_s > 0)."""
+    return bool(pc["classifier"] and pc["sim_loss"] and pc["lambda_sim"] > 0)
+
+
 def _clips_sim(pc: dict) -> bool:
     """L_SIM is on with a clip of its own, so each step back-propagates the online graph
     twice (retain_graph)."""
-    return bool(pc["classifier"] and pc["sim_loss"] and pc["lambda_sim"] > 0 and pc["sim_grad_clip"] is not None)
+    return _uses_sim(pc) and pc["sim_grad_clip"] is not None
 
 
 def sim_recompute_enabled(device) -> bool:
