@@ -45,8 +45,11 @@ class NoCheckpoint:
 
 
 class Recorder:
-    """Wraps `selcl.train._views` and `_generators`: every augmented view batch with the
-    generator's state before and after the call, and the generators' initial states."""
+    """Wraps `selcl.train._views` and `_generators` for one test (monkeypatch).
+
+    views: per `_views` call (generator state before [5056] uint8, what it returned: one
+           float32 [b, 3, H, W] batch or a tuple of n, generator state after);
+    gens:  per `_generators` call (torch state, numpy bit-generator state, order is g)."""
 
     def __init__(self, monkeypatch):
         self.views, self.gens = [], []

@@ -56,7 +56,8 @@ def authors_selection(z: torch.Tensor, noisy: torch.Tensor, num_classes: int, k:
 
     Returns {"nbr" [N, K] neighbour indices, "y_hat" [N] pass-1 pseudo-labels ŷ,
     "score" [N] float32 pass-2 scores ℓ, "n_sel" (float, as their torch.median /
-    quantile gives it), "T" [N] bool, "gamma" float, "G" [N, N] bool}."""
+    quantile gives it), "T" [N] bool, "gamma" float, "G" [N, N] bool, "sim" [N, N]
+    float64 similarities}."""
     n = len(noisy)
     sim = z.double() @ z.double().T                     # [N, N] their smiliar_graph_all
     masked = sim.clone()

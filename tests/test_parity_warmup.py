@@ -24,7 +24,6 @@ from __future__ import annotations
 import copy
 import math
 
-import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
