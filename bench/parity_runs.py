@@ -1,5 +1,5 @@
 """One setting end to end in one process (warm-up, pre-training, Sel-CL+, CE baseline), one
-JSON line of results: for before/after comparisons of the method code (bench/results/parity.md).
+JSON line of results: for before/after comparisons of the method code (docs/parity.md).
 
 Uses only the library's stage functions, so the same file runs against an older checkout:
 

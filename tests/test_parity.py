@@ -15,7 +15,14 @@ dataset indices, on the fly, with `selcl.losses.selective_losses`.
   * a perturbed mask changes the reference's value (so the comparison can fail);
   * step level: one whole `Pretrainer.step` on a tiny network (per-view BatchNorm in one
     call, u_i, memory, L_CLS, L_SIM clipped then summed, SGD) equals the reference
-    iteration with the authors' separate network calls.
+    iteration with the authors' separate network calls. The reference shares only torch
+    and the network definition with the project: it replays the augmented views the step
+    recorded, draws λ, the partners and the L_CLS batch again from the step's generator
+    with plain torch, and keeps its own MoCo queue, labelled memory and EMA.
+
+The selection, the Uns-CL warm-up and Sel-CL+ fine-tuning have their own parity files
+(tests/test_parity_selection.py, test_parity_warmup.py, test_parity_finetune.py);
+docs/parity.md lists them and the seeded bugs each one catches.
 """
 from __future__ import annotations
 
@@ -271,36 +278,49 @@ def _moco_per_example(q, k, negatives):
     return F.cross_entropy(out, torch.zeros(len(q), dtype=torch.long), reduction="none")
 
 
+def _mixup_draw(g: torch.Generator, B: int):
+    """The step's mixup draw, in plain torch: λ = max(u, 1 − u), u ~ U(0, 1), then the
+    partners' permutation [B] (the authors' mix_data_lab, from the step's generator)."""
+    lam = torch.rand((), generator=g)
+    return torch.maximum(lam, 1 - lam), torch.randperm(B, generator=g)
+
+
 @pytest.mark.parametrize("clip", ["sim", "total"])   # the authors' CIFAR step / their WebVision step
 @pytest.mark.parametrize("split", [False, True], ids=["one-call", "call-per-view"])
 @pytest.mark.parametrize("lambda_sim", [0.01, 3.0])   # 3.0: the clipping of ∇L_SIM is active
-def test_one_step_matches_the_reference_iteration(lambda_sim, split, clip):
+def test_one_step_matches_the_reference_iteration(lambda_sim, split, clip, monkeypatch):
     """One `Pretrainer.step` (per-view BatchNorm statistics in one network call, or one call
     per view, the CPU default; u_i on the
     un-mixed view, memory written before the loss, L_CLS per-view λ, the L_SIM gradient
     clipped to norm 0.25 and then summed, SGD) gives the same parameters, BatchNorm
     statistics and memory as the reference iteration, which calls the network once per
-    view as the authors do. The random draws (views, λ, partners, the L_CLS batch) are
-    replayed from a copy of the step's generator, in the order the step makes them.
+    view as the authors do.
+    The reference calls no project helper: the augmented views are recorded as the step's
+    `_views` returns them (with the generator's state before and after), and the rest of
+    the step's draws (λ and partners per view, the L_CLS batch) are drawn again from the
+    generator with plain torch, in the order the step makes them; its MoCo queue (their
+    MemoryMoCo), labelled memory (`AuthorsQueue`) and EMA (their moment_update) are its own.
     Compared: each parameter's update (so a term with a small share of it still shows), and
     a reference without L_SIM must not match (the comparison sees L_SIM at λ_s = 0.01).
     After the step, the EMA parameters are m·EMA + (1 − m)·the updated parameters, and
     MoCo's queue holds this step's keys, embedded by the EMA before its update.
     clip "total" (the authors' WebVision step, `sim_grad_clip: null`, `grad_clip` set): one
     backward of L_sel + λ_c·L_CLS + λ_s·L_SIM, the whole gradient clipped to grad_clip."""
-    from selcl.memory import KeyQueue
     from conftest import random_images_and_net
+    from test_parity_finetune import Recorder
+
+    from selcl.memory import KeyQueue
     from selcl.models import EMA
-    from selcl.train import Pretrainer, _views, set_lr
+    from selcl.train import Pretrainer, set_lr
 
     torch.manual_seed(0)
-    N, B, C = 24, 6, 3
+    N, B, C, D, K_MOCO = 24, 6, 3, 8, 10
     data, model, gen = random_images_and_net(N, C)
     x, noisy = data.x, data.noisy
-    ema = EMA(model, 0.99)
+    ema_state = copy.deepcopy(model.state_dict())
     with torch.no_grad():     # an EMA that differs from the online network
-        for p in ema.model.parameters():
-            p.add_(0.05 * torch.randn(p.shape, generator=gen))
+        for name, p in model.named_parameters():
+            ema_state[name] = p + 0.05 * torch.randn(p.shape, generator=gen)
     pc = {"mixup": True, "classifier": True, "lambda_cls": 1.0, "sim_loss": True, "lambda_sim": lambda_sim,
           "memory": True, "temperature": TAU, "sim_grad_clip": 0.25, "grad_clip": None}
     TOTAL = 0.05                   # under the tiny net's gradient norm: the clip is active
@@ -312,47 +332,62 @@ def test_one_step_matches_the_reference_iteration(lambda_sim, split, clip):
     T_idx = torch.arange(0, N, 2)
     idx = torch.randperm(N, generator=gen)[:B]
     K = 4 * B
-
-    def fresh():
-        m = copy.deepcopy(model)
-        e = EMA(m, 0.99)
-        e.model.load_state_dict(ema.model.state_dict())
-        opt = torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9, weight_decay=1e-4)
-        q = KeyQueue(10, 8)
-        q.enqueue(F.normalize(torch.randn(7, 8, generator=torch.Generator().manual_seed(3)), dim=1))
-        mem = LabelledMemory(K, 8, C)
-        g0 = torch.Generator().manual_seed(4)
-        for _ in range(3):    # an older memory (wraps at the third step of 2B = 12 into 24)
-            mem.enqueue(F.normalize(torch.randn(2 * B, 8, generator=g0), dim=1),
-                        torch.softmax(torch.randn(2 * B, C, generator=g0), 1), torch.randint(N, (2 * B,), generator=g0))
-        return m, e, opt, q, mem
+    keys0 = F.normalize(torch.randn(K_MOCO, D, generator=torch.Generator().manual_seed(3)), dim=1)
+    g0 = torch.Generator().manual_seed(4)   # an older memory (wraps at the third batch of 2B = 12 into 24)
+    older = [(F.normalize(torch.randn(2 * B, D, generator=g0), dim=1),
+              torch.softmax(torch.randn(2 * B, C, generator=g0), 1), torch.randint(N, (2 * B,), generator=g0))
+             for _ in range(3)]
 
     # --- the project
-    m, e, opt, q, mem = fresh()
-    g = torch.Generator().manual_seed(5)
-    tr = Pretrainer(m, e, opt, q, mem, g, np.random.default_rng(0), pc)
+    m = copy.deepcopy(model)
+    e = EMA(m, 0.99)
+    e.model.load_state_dict(ema_state)
+    opt = torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9, weight_decay=1e-4)
+    q = KeyQueue(K_MOCO, D)
+    q.enqueue(keys0)                                         # full, pointer back at 0
+    mem = LabelledMemory(K, D, C)
+    for f, p, i in older:
+        mem.enqueue(f, p, i)
+    tr = Pretrainer(m, e, opt, q, mem, torch.Generator().manual_seed(5), np.random.default_rng(0), pc)
     tr.split_views = split
     set_lr(opt, 0.05)
+    rec = Recorder(monkeypatch)
     tr.step(data, idx, rule, T_idx, read_memory=True)
+    assert len(rec.views) == 2
 
     # --- the reference, on the same draws
     def reference(with_sim: bool):
-        g_replay = torch.Generator().manual_seed(5)
-        rm, re_, ropt, rq, rmem = fresh()
-        aq = AuthorsQueue(K, 8, C)
-        aq.feats, aq.pros, aq.indices = rmem._feats.double().clone(), rmem._probs.double().clone(), rmem._ids.clone()
-        aq.ptr = rmem.ptr
-        v1, v2 = _views(x[idx], g_replay, data, n=2)
-        draw = lambda: losses.mixup_params(B, g_replay)  # noqa: E731
-        (l1, p1), (l2, p2) = draw(), draw()
-        ic = T_idx[torch.randint(len(T_idx), (B,), generator=g_replay)]
-        c1, c2 = _views(x[ic], g_replay, data, n=2)
-        (lc1, pc1), (lc2, pc2) = draw(), draw()
-        rm.train()
+        g = torch.Generator().manual_seed(5)
+        rm = copy.deepcopy(model)
+        re_ = copy.deepcopy(model)
+        re_.load_state_dict(ema_state)
+        for p_ in re_.parameters():
+            p_.requires_grad_(False)
+        ropt = torch.optim.SGD(rm.parameters(), lr=0.05, momentum=0.9, weight_decay=1e-4)
+        moco = keys0.clone()                                 # their MemoryMoCo, index at 0
+        aq = AuthorsQueue(K, D, C)
+        for f, p_, i in older:
+            aq.enqueue_dequeue(f.double(), p_.double(), i)
+
+        recorded = iter(rec.views)
+
+        def views():
+            before, out, after = next(recorded)
+            assert torch.equal(g.get_state(), before)        # the views come next in the stream
+            g.set_state(after)
+            return out
+
+        v1, v2 = views()
+        (l1, p1), (l2, p2) = _mixup_draw(g, B), _mixup_draw(g, B)
+        ic = T_idx[torch.randint(len(T_idx), (B,), generator=g)]
+        c1, c2 = views()
+        (lc1, pc1), (lc2, pc2) = _mixup_draw(g, B), _mixup_draw(g, B)
+        rm.train(); re_.train()
         feat_q, _ = rm(v1)                                   # Uns-CL on the un-mixed views
         with torch.no_grad():
             feat_k, _ = re_(v2)
-        u = _moco_per_example(feat_q, feat_k, rq.keys)
+        u = _moco_per_example(feat_q, feat_k, moco.clone())
+        moco[(torch.arange(B)) % K_MOCO] = feat_k            # contrast(..., update=True), index 0
         m1, m2 = l1 * v1 + (1 - l1) * v1[p1], l2 * v2 + (1 - l2) * v2[p2]
         zA, logA = rm(m1)
         zB, logB = rm(m2)
@@ -382,12 +417,11 @@ def test_one_step_matches_the_reference_iteration(lambda_sim, split, clip):
             (l_sel + 1.0 * l_cls).backward()
         ropt.step()
         with torch.no_grad():      # the authors' moment_update, after the step, parameters only
-            for pe, pn in zip(re_.model.parameters(), rm.parameters()):
+            for pe, pn in zip(re_.parameters(), rm.parameters()):
                 pe.mul_(0.99).add_(pn, alpha=0.01)
-        rq.enqueue(feat_k)         # MoCo's queue takes this step's keys, from the EMA before it
-        return rm, aq, l_sel, l_sim, re_, rq
+        return rm, aq, l_sel, l_sim, re_, moco
 
-    rm, aq, l_sel, l_sim, re_, rq = reference(with_sim=True)
+    rm, aq, l_sel, l_sim, re_, moco = reference(with_sim=True)
 
     def matches(net) -> bool:
         """Every parameter's update equals the project's to float32 rounding, and every
@@ -410,9 +444,9 @@ def test_one_step_matches_the_reference_iteration(lambda_sim, split, clip):
         assert not matches(reference(with_sim=False)[0])   # L_SIM's share of the step is seen
     assert torch.equal(mem.ids, aq.get()[2]) and mem.ptr == aq.ptr
     assert torch.allclose(mem.feats.double(), aq.get()[0], atol=1e-6)
-    for (name, a), b in zip(e.model.named_parameters(), re_.model.parameters()):
+    for (name, a), b in zip(e.model.named_parameters(), re_.parameters()):
         assert torch.allclose(a, b, atol=1e-6, rtol=1e-5), name               # the EMA update
-    assert len(q.keys) == len(rq.keys) == 10 and torch.allclose(q.keys, rq.keys, atol=1e-6)
+    assert len(q.keys) == K_MOCO and torch.allclose(q.keys, moco, atol=1e-6)
     assert math.isfinite(float(l_sel.detach())) and float(l_sim.detach()) > 0
 
 
