@@ -1,6 +1,10 @@
 """The container's pins mirror pyproject.toml (faiss-gpu for faiss-cpu), and run.sh
 mounts the repo with all GPUs as the calling user."""
+import os
+import subprocess
 from pathlib import Path
+
+import pytest
 
 import tomllib
 
@@ -59,3 +63,165 @@ def test_run_sh_passes_the_hosts_selcl_switches_into_the_container(tmp_path):
     passed = {args[i + 1] for i, a in enumerate(args) if a == "-e"}
     assert passed == {"CUDA_VISIBLE_DEVICES", "SELCL_NPROC", "SELCL_COMPILE"}, args
     assert "myimage" in args and "device=1" in args and args[-3:-1] == ["dvc", "repro"]
+
+
+# --- The Dockerfile's user setup, run with the real shadow tools -------------------------
+
+SEED = ROOT / "tests" / "fixtures" / "ubuntu-24.04"
+SHADOW_TOOLS = ("useradd", "groupadd", "userdel", "groupdel", "usermod", "groupmod")
+# What the user-setup RUN may call besides the shadow tools and getent: anything else could
+# touch this machine's own files when the test runs it.
+HARMLESS = {"cut", "[", "test", "true", "echo"}
+
+
+def dockerfile_instructions(text: str) -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) of a Dockerfile, continuation lines joined, comments and
+    parser directives dropped (what `docker build` parses)."""
+    out, current = [], ""
+    for line in text.splitlines():
+        if line.lstrip().startswith("#"):
+            continue                                  # comments may sit inside a continuation
+        if line.rstrip().endswith("\\"):
+            current += line.rstrip()[:-1]                 # docker drops the `\` and the newline
+            continue
+        current += line
+        if current.strip():
+            keyword, _, args = current.strip().partition(" ")
+            out.append((keyword.upper(), args.strip()))
+        current = ""
+    return out
+
+
+def user_setup(dockerfile: Path) -> tuple[list[str], str, dict]:
+    """The Dockerfile's own user setup: its SHELL, the one RUN that calls `useradd`, and
+    the ARG defaults (the values `docker build` gives it without --build-arg)."""
+    import json
+    instructions = dockerfile_instructions(dockerfile.read_text())
+    shells = [json.loads(args) for kw, args in instructions if kw == "SHELL"]
+    runs = [args for kw, args in instructions if kw == "RUN" and "useradd" in args]
+    assert len(runs) == 1, f"{dockerfile}: expected one RUN with useradd, found {len(runs)}"
+    args = dict(a.partition("=")[::2] for kw, a in instructions if kw == "ARG")
+    return (shells[-1] if shells else ["/bin/sh", "-c"]), runs[0], args
+
+
+def _shims(bin_dir: Path, root: Path) -> None:
+    """Put the real shadow tools on PATH with `--prefix root` (they then read and write
+    root/etc/passwd, group, shadow, gshadow, use root/etc/login.defs and make homes under
+    root/home), and a `getent` that looks up root/etc/<db> as the real one looks up /etc."""
+    import shutil
+    bin_dir.mkdir()
+    for tool in SHADOW_TOOLS:
+        real = shutil.which(tool, path=f"{os.environ.get('PATH', '')}:/usr/sbin:/sbin")
+        if real:
+            (bin_dir / tool).write_text(f'#!/bin/sh\nexec {real} --prefix "{root}" "$@"\n')
+            (bin_dir / tool).chmod(0o755)
+    (bin_dir / "getent").write_text(GETENT.replace("ETC", str(root / "etc")))
+    (bin_dir / "getent").chmod(0o755)
+
+
+# getent DB KEY: the first entry whose name or numeric id is KEY; exit 2 when none (getent(1))
+GETENT = """#!/bin/sh
+awk -F: -v key="$2" '$1 == key || $3 == key { print; found = 1; exit } END { exit found ? 0 : 2 }' "ETC/$1"
+"""
+
+
+def run_user_setup(dockerfile: Path, root: Path, uid: int, gid: int) -> subprocess.CompletedProcess:
+    """Seed `root` with the base image's account files (its `ubuntu` home owned by 1000:1000,
+    as there) and run the Dockerfile's user-setup RUN in its SHELL with UID/GID set, as
+    `docker build --build-arg UID=uid --build-arg GID=gid` does."""
+    import shutil
+    shell, command, _ = user_setup(dockerfile)
+    shutil.copytree(SEED / "etc", root / "etc")
+    (root / "home" / "ubuntu").mkdir(parents=True)
+    (root / "home" / "ubuntu" / ".bashrc").write_text("# ubuntu's\n")
+    for p in (root / "home" / "ubuntu", root / "home" / "ubuntu" / ".bashrc"):
+        os.chown(p, 1000, 1000)
+    (root / "var" / "mail").mkdir(parents=True)
+    bin_dir = root.parent / f"bin-{root.name}"
+    _shims(bin_dir, root)
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "UID": str(uid), "GID": str(gid), "LC_ALL": "C"}
+    return subprocess.run([*shell, command], env=env, capture_output=True, text=True)
+
+
+def _entries(root: Path, db: str) -> list[list[str]]:
+    return [ln.split(":") for ln in (root / "etc" / db).read_text().splitlines() if ln]
+
+
+def _need_shadow_tools():
+    import shutil
+    if os.geteuid() != 0:
+        pytest.skip("the shadow tools need root here (useradd chowns the new home): run as root")
+    missing = [t for t in ("useradd", "groupadd", "userdel")
+               if not shutil.which(t, path=f"{os.environ.get('PATH', '')}:/usr/sbin:/sbin")]
+    if missing:
+        pytest.skip(f"no {', '.join(missing)} on this machine (Debian/Ubuntu package `passwd`)")
+
+
+def test_the_getent_stand_in_answers_as_getent(tmp_path):
+    """The shim looks entries up as the real getent does, checked on this machine's /etc."""
+    import shutil
+    if not shutil.which("getent"):
+        pytest.skip("no getent on this machine")
+    shim = tmp_path / "getent"
+    shim.write_text(GETENT.replace("ETC", "/etc"))
+    shim.chmod(0o755)
+    for args in (["passwd", "0"], ["passwd", "root"], ["group", "0"], ["group", "root"],
+                 ["passwd", "54321"], ["group", "no-such-group"]):
+        real = subprocess.run(["getent", *args], capture_output=True, text=True)
+        ours = subprocess.run([str(shim), *args], capture_output=True, text=True)
+        assert (ours.returncode, ours.stdout) == (real.returncode, real.stdout), args
+
+
+def commands_called(command: str) -> set[str]:
+    """The command names of a shell command line: the first word of every simple command
+    (after `;`, `&&`, `||`, `|`, `(`, `$(`, `if`, `then`, `!`, ...), assignments skipped."""
+    import shlex
+    # quotes dropped: a command substitution inside "..." is a command too
+    lexer = shlex.shlex(command.replace("\"", " ").replace("$(", " ( "), posix=True, punctuation_chars=True)
+    names, at_start = set(), True
+    for token in lexer:
+        if token in (";", "&&", "||", "|", "(", ")", ">", "<") or token in ("if", "then", "else", "fi", "!"):
+            at_start = token not in (")", ">", "<")
+            continue
+        if at_start and "=" not in token:
+            names.add(token)
+        at_start = False
+    return names
+
+
+def test_the_user_setup_runs_only_account_commands():
+    """The RUN this test executes on this machine calls nothing but the shadow tools,
+    getent and shell built-ins: nothing outside the seeded root is touched."""
+    shell, command, args = user_setup(ROOT / "docker" / "Dockerfile")
+    assert {"UID", "GID"} <= set(args) and shell[0] == "/bin/bash", (shell, args)
+    assert commands_called(command) <= set(SHADOW_TOOLS) | {"getent"} | HARMLESS, commands_called(command)
+    assert commands_called('a="$(getent passwd 1 | cut -d: -f1)" && git config; (x || rm -rf y)') \
+        == {"getent", "cut", "git", "x", "rm"}
+
+
+@pytest.mark.parametrize("uid,gid", [(1000, 1000), (1001, 1001), (1000, 100), (501, 20)])
+def test_the_dockerfile_user_setup_works_on_the_ubuntu_base(tmp_path, uid, gid):
+    """For the build-arg defaults (1000:1000, the base image's own `ubuntu`), a fresh UID
+    and GID, an existing group (100 `users`) and macOS's 501:20 (`dialout` here): the image
+    ends with exactly one user of UID, named selcl, in group GID, with its own home and
+    bash, and the account files stay consistent."""
+    _need_shadow_tools()
+    root = tmp_path / "root"
+    proc = run_user_setup(ROOT / "docker" / "Dockerfile", root, uid, gid)
+    assert proc.returncode == 0, f"UID={uid} GID={gid}: {proc.stderr.strip()}"
+    passwd, group = _entries(root, "passwd"), _entries(root, "group")
+    holders = [e for e in passwd if e[2] == str(uid)]
+    assert [e[0] for e in holders] == ["selcl"], holders
+    assert holders[0][3] == str(gid) and holders[0][5:] == ["/home/selcl", "/bin/bash"], holders
+    assert [e[2] for e in group].count(str(gid)) == 1, group        # the group exists, once
+    assert len({e[2] for e in passwd}) == len(passwd) and len({e[2] for e in group}) == len(group)
+    home = root / "home" / "selcl"
+    assert home.is_dir() and (home.stat().st_uid, home.stat().st_gid) == (uid, gid)
+    # the shadow files follow passwd and group, entry for entry
+    assert [e[0] for e in _entries(root, "shadow")] == [e[0] for e in passwd]
+    assert [e[0] for e in _entries(root, "gshadow")] == [e[0] for e in group]
+    ubuntu_kept = uid != 1000
+    assert any(e[0] == "ubuntu" for e in passwd) is ubuntu_kept
+    assert (root / "home" / "ubuntu").exists() is ubuntu_kept
+    if not ubuntu_kept:   # no group lists the deleted user as a member
+        assert not any("ubuntu" in e[3].split(",") for e in group), group
