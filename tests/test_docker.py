@@ -225,3 +225,128 @@ def test_the_dockerfile_user_setup_works_on_the_ubuntu_base(tmp_path, uid, gid):
     assert (root / "home" / "ubuntu").exists() is ubuntu_kept
     if not ubuntu_kept:   # no group lists the deleted user as a member
         assert not any("ubuntu" in e[3].split(",") for e in group), group
+
+
+# --- .dockerignore: the build context stays small whatever the pipeline has written ------
+
+def dockerignore_patterns(text: str) -> list[tuple[bool, "re.Pattern"]]:
+    """(exclude?, regex) per line of a .dockerignore, as docker reads it: comments and blank
+    lines dropped, `!` re-includes, a leading `/` is the context root, Go's filepath.Match
+    wildcards (`*`, `?` within one path element) and docker's `**` (any number of them)."""
+    import re
+    out = []
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        exclude = not line.startswith("!")
+        pattern = os.path.normpath(line.lstrip("!").strip()).lstrip("/")
+        rx = ""
+        i = 0
+        while i < len(pattern):
+            if pattern.startswith("**", i):
+                rx += ".*"
+                i += 2
+                if pattern.startswith("/", i):   # `**/` also matches no folder at all
+                    rx += "/?" if rx != ".*" else ""
+                    i += 1
+            elif pattern[i] == "*":
+                rx, i = rx + "[^/]*", i + 1
+            elif pattern[i] == "?":
+                rx, i = rx + "[^/]", i + 1
+            else:
+                rx, i = rx + re.escape(pattern[i]), i + 1
+        out.append((exclude, re.compile(rx + r"\Z")))
+    return out
+
+
+def build_context(root: Path, patterns) -> dict[str, int]:
+    """The files `docker build root` sends, with their sizes: a file is left out when the
+    last pattern that matches it or one of its parent folders excludes it (moby's
+    patternmatcher); symbolic links are sent as links, never followed."""
+    sent = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in filenames + [d for d in dirnames if (Path(dirpath) / d).is_symlink()]:
+            path = Path(dirpath) / name
+            rel = path.relative_to(root).as_posix()
+            parts = rel.split("/")
+            prefixes = ["/".join(parts[:k]) for k in range(1, len(parts) + 1)]
+            excluded = False
+            for exclude, rx in patterns:
+                if any(rx.match(p) for p in prefixes) if exclude else rx.match(rel):
+                    excluded = exclude
+            if not excluded:
+                sent[rel] = path.lstat().st_size
+    return sent
+
+
+def pipeline_outputs() -> list[str]:
+    """Every path the pipeline and the tools write: dvc.yaml's outputs, metrics and plots
+    (for one setting), what git ignores (the venv, DVC's cache and temp folder, data/,
+    scratch/, demo/, compile_cache/, ...), and git's own folder."""
+    import yaml
+    stages = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
+    paths = []
+    for stage in stages.values():
+        for key in ("outs", "metrics", "plots"):
+            for entry in stage.get("do", stage).get(key, []):
+                paths.append(next(iter(entry)) if isinstance(entry, dict) else entry)
+    paths = [p.replace("${item}", "demo_sym40").replace("${key}", "demo") for p in paths]
+    for line in (ROOT / ".gitignore").read_text().splitlines():
+        line = line.strip().strip("/")
+        if line and not line.startswith("#"):
+            paths.append(line.replace("*", "x"))
+    return sorted(set(paths) | {".git/objects/pack/pack-1.pack", ".dvc/cache/files/md5/ab/cdef",
+                                ".dvc/tmp/site_cache/x", "compile_cache/inductor/x", "data/raw/cifar.tgz"})
+
+
+def test_dockerignore_leaves_only_what_the_image_copies(tmp_path):
+    """A copy of the repository's tracked files with a 50 MB (sparse) file at every output
+    path the pipeline writes: the build context is the Dockerfile's COPY sources and
+    nothing large, and each COPY source is in it (else the build fails)."""
+    import shutil
+    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    tree = tmp_path / "repo"
+    for rel in tracked.split():
+        if (ROOT / rel).is_file():
+            (tree / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(ROOT / rel, tree / rel)
+    outputs = pipeline_outputs()
+    assert {".venv", "data", "scratch", "demo", ".dvc/cache", ".dvc/tmp", "compile_cache"} <= set(outputs)
+    for rel in outputs:
+        path = tree / rel
+        if path.is_dir() or not path.suffix or rel.endswith("config"):   # a folder: a file in it
+            path = path / "output.bin"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "ab") as f:
+            f.truncate(50 << 20)
+    patterns = dockerignore_patterns((ROOT / ".dockerignore").read_text())
+    sent = build_context(tree, patterns)
+    copies = [args.split()[-2] for kw, args in dockerfile_instructions((ROOT / "docker" / "Dockerfile").read_text())
+              if kw in ("COPY", "ADD")]
+    assert copies and all(c in sent for c in copies), (copies, sorted(sent))
+    assert sum(sent.values()) < 1 << 20, sorted(sent, key=sent.get)[-5:]
+    # without the file the same tree would send it all: the check sees what it guards against
+    assert sum(build_context(tree, []).values()) > len(outputs) * (50 << 20) * 0.9
+
+
+def test_the_dockerignore_reader_follows_docker():
+    """Cases from docker's documentation of .dockerignore."""
+    def sent(lines, path):
+        return path in build_context_of([path], dockerignore_patterns("\n".join(lines)))
+
+    def build_context_of(paths, patterns):
+        import tempfile
+        with tempfile.TemporaryDirectory() as d:
+            for p in paths:
+                (Path(d) / p).parent.mkdir(parents=True, exist_ok=True)
+                (Path(d) / p).write_text("x")
+            return build_context(Path(d), patterns)
+    assert not sent(["*/temp*"], "somedir/temporary.txt") and sent(["*/temp*"], "somedir/sub/temp.txt")
+    assert not sent(["*/*/temp*"], "somedir/subdir/temporary.txt")
+    assert not sent(["temp?"], "tempa") and sent(["temp?"], "tempab")
+    assert not sent(["**/*.go"], "a/b/c.go") and not sent(["**/*.go"], "c.go")
+    assert sent(["*.md", "!README.md"], "README.md") and not sent(["*.md", "!README.md"], "x.md")
+    assert not sent(["*.md", "!README*.md", "README-secret.md"], "README-secret.md")
+    assert not sent([".venv"], ".venv/bin/python") and sent([".venv"], "venv/x")
+    assert not sent(["/data/"], "data/raw/x.tgz")
