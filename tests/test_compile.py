@@ -169,7 +169,8 @@ def test_selcl_compile_0_turns_every_compiled_part_off(monkeypatch):
     """SELCL_COMPILE=0 (gpu_real.sh's fallback when compilation fails) means eager everywhere:
     the networks and the strong augmentation; on CUDA both compile by default."""
     from selcl import train
-    monkeypatch.setattr(device, "is_cuda", lambda d: True)
+    monkeypatch.setattr(device, "COMPILE_ON", ("cuda", "cpu"))        # as on CUDA ...
+    monkeypatch.setattr(device, "compile_failure", lambda kind: None)  # ... with a working compiler
     asked = []
     monkeypatch.setattr(augment, "strong_augment", lambda *a, compiled, **kw: asked.append(compiled) or a[0].float())
     data = type("D", (), {"mean": (0.5,) * 3, "std": (0.25,) * 3, "crop": None, "crop_scale": (0.2, 1.0)})

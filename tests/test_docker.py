@@ -39,7 +39,7 @@ def test_make_in_the_container_uses_the_image_environment():
     docker = (ROOT / "docker" / "Dockerfile").read_text()
     assert "SELCL_CONTAINER=1" in docker and "VIRTUAL_ENV=/opt/venv" in docker
     env = dict(os.environ, SELCL_CONTAINER="1", VIRTUAL_ENV="/opt/venv")
-    for target in ("paper", "demo", "test"):
+    for target in ("paper", "demo", "test", "gpu-check"):
         out = subprocess.run(["make", "-n", target], cwd=ROOT, env=env, capture_output=True, text=True,
                              check=True).stdout
         assert "/opt/venv/bin/" in out and ".venv" not in out.replace("/opt/venv", ""), out
