@@ -270,8 +270,8 @@ def _give_up(kind: str, reason: str) -> None:
     if _COMPILE_FAILURE.get(kind):
         return
     _COMPILE_FAILURE[kind] = reason
-    print(f"[device] torch.compile cannot run on {kind}: {reason}; running eagerly (same results, "
-          f"slower steps). Set SELCL_COMPILE=0 to run eagerly without trying.", file=sys.stderr, flush=True)
+    print(f"[device] torch.compile cannot run on {kind}: {reason}; this process runs eagerly, as with "
+          f"SELCL_COMPILE=0 (slower steps; set SELCL_COMPILE=0 to skip this check)", file=sys.stderr, flush=True)
 
 
 def _why(exc: BaseException) -> str:

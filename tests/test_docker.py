@@ -125,22 +125,37 @@ awk -F: -v key="$2" '$1 == key || $3 == key { print; found = 1; exit } END { exi
 """
 
 
+def _as_root(root: Path) -> list[str]:
+    """The prefix that runs a command as root: none for root; otherwise fakeroot, whose
+    faked ownership is kept in `root`'s state file from one call to the next."""
+    if os.geteuid() == 0:
+        return []
+    state = root.parent / f"fakeroot-{root.name}"
+    return ["fakeroot", *(["-i", str(state)] if state.exists() else []), "-s", str(state), "--"]
+
+
 def run_user_setup(dockerfile: Path, root: Path, uid: int, gid: int) -> subprocess.CompletedProcess:
     """Seed `root` with the base image's account files (its `ubuntu` home owned by 1000:1000,
     as there) and run the Dockerfile's user-setup RUN in its SHELL with UID/GID set, as
-    `docker build --build-arg UID=uid --build-arg GID=gid` does."""
+    `docker build --build-arg UID=uid --build-arg GID=gid` does (as root, or under fakeroot)."""
     import shutil
     shell, command, _ = user_setup(dockerfile)
     shutil.copytree(SEED / "etc", root / "etc")
     (root / "home" / "ubuntu").mkdir(parents=True)
     (root / "home" / "ubuntu" / ".bashrc").write_text("# ubuntu's\n")
-    for p in (root / "home" / "ubuntu", root / "home" / "ubuntu" / ".bashrc"):
-        os.chown(p, 1000, 1000)
     (root / "var" / "mail").mkdir(parents=True)
+    subprocess.run([*_as_root(root), "chown", "-R", "1000:1000", str(root / "home" / "ubuntu")], check=True)
     bin_dir = root.parent / f"bin-{root.name}"
     _shims(bin_dir, root)
     env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "UID": str(uid), "GID": str(gid), "LC_ALL": "C"}
-    return subprocess.run([*shell, command], env=env, capture_output=True, text=True)
+    return subprocess.run([*_as_root(root), *shell, command], env=env, capture_output=True, text=True)
+
+
+def _owner(root: Path, path: Path) -> tuple[int, int]:
+    """uid and gid of `path` as the user setup left them (under fakeroot: as it faked them)."""
+    out = subprocess.run([*_as_root(root), "stat", "-c", "%u %g", str(path)], capture_output=True, text=True,
+                         check=True).stdout.split()
+    return int(out[0]), int(out[1])
 
 
 def _entries(root: Path, db: str) -> list[list[str]]:
@@ -149,8 +164,8 @@ def _entries(root: Path, db: str) -> list[list[str]]:
 
 def _need_shadow_tools():
     import shutil
-    if os.geteuid() != 0:
-        pytest.skip("the shadow tools need root here (useradd chowns the new home): run as root")
+    if os.geteuid() != 0 and not shutil.which("fakeroot"):
+        pytest.skip("the shadow tools need root (useradd chowns the new home): run as root, or install fakeroot")
     missing = [t for t in ("useradd", "groupadd", "userdel")
                if not shutil.which(t, path=f"{os.environ.get('PATH', '')}:/usr/sbin:/sbin")]
     if missing:
@@ -216,7 +231,7 @@ def test_the_dockerfile_user_setup_works_on_the_ubuntu_base(tmp_path, uid, gid):
     assert [e[2] for e in group].count(str(gid)) == 1, group        # the group exists, once
     assert len({e[2] for e in passwd}) == len(passwd) and len({e[2] for e in group}) == len(group)
     home = root / "home" / "selcl"
-    assert home.is_dir() and (home.stat().st_uid, home.stat().st_gid) == (uid, gid)
+    assert home.is_dir() and _owner(root, home) == (uid, gid)
     # the shadow files follow passwd and group, entry for entry
     assert [e[0] for e in _entries(root, "shadow")] == [e[0] for e in passwd]
     assert [e[0] for e in _entries(root, "gshadow")] == [e[0] for e in group]
