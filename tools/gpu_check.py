@@ -249,6 +249,8 @@ def check_ddp(dev, cfg: dict, data: TrainData, batch: int):
 
 
 def main() -> int:
+    import argparse
+    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
     dev = get_device()
     cuda = is_cuda(dev)
     torch.backends.cudnn.benchmark = True
