@@ -47,7 +47,7 @@ test: $(STAMP)
 	$(RUN) $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 ## Every CUDA path once on a small real run, one PASS/FAIL line each, and the projected
-## CIFAR-10 epoch and setting time (tools/gpu_check.py; about 2-5 min on one GPU). Run it
+## CIFAR-10 epoch and setting time (tools/gpu_check.py; meant for < 5 min on one GPU). Run it
 ## first on a new machine or image: docker/run.sh make gpu-check. Without CUDA (or with
 ## SELCL_DEVICE=cpu) the same items on the CPU, the CUDA-only ones marked SKIP.
 gpu-check: $(STAMP)

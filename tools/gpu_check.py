@@ -1,7 +1,8 @@
 """`make gpu-check`: every CUDA path of the pipeline once, on a small real run, before a
-paper run (in the container: `docker/run.sh make gpu-check`; on one GPU about 2-5 min,
-mostly compiling). One PASS / FAIL line per item, then the measured pre-training step and
-the full CIFAR-10 epoch and setting it projects to. Exit status 1 if any item fails.
+paper run (in the container: `docker/run.sh make gpu-check`). Meant to take under 5 min on
+one GPU, mostly compiling (not yet timed on one). One PASS / FAIL line per item, then the
+measured pre-training step and the full CIFAR-10 epoch and setting it projects to. Exit
+status 1 if any item fails.
 
     python tools/gpu_check.py                    # the device `dvc repro` would use
     SELCL_DEVICE=cpu python tools/gpu_check.py   # the CPU form (CI): the CUDA items say SKIP
@@ -10,9 +11,10 @@ Items, each through the library code the stages run (selcl.train, selcl.augment,
 selcl.selection, selcl.device):
   data + augmentation   CIFAR-shaped uint8 images resident on the device, strong and weak
                         views made there (`train._views`)
-  short real run        Uns-CL warm-up, Sel-CL pre-training (memory read, selection, L_CLS)
-                        and fine-tuning, compiled as a paper run (`device.COMPILE_MIN_STEPS`
-                        set to 0: these loops are too short to compile otherwise); losses finite
+  short real run        Uns-CL warm-up (eager, as CIFAR's), Sel-CL pre-training (memory read,
+                        selection, L_CLS) and fine-tuning compiled as a paper run's
+                        (`device.COMPILE_MIN_STEPS` set to 0: these loops are too short to
+                        compile otherwise); losses finite
   compiled forwards     torch.compile's forward agrees with the eager network (CUDA)
   CUDA graphs           the compiled training forwards replay as CUDA graphs: no graph skipped
   bf16 autocast         the training passes compute in bf16 and agree with float32 (CUDA)
@@ -128,10 +130,10 @@ def check_data(dev, data: TrainData, batch: int):
 
 def short_run(dev, cfg: dict, data: TrainData, work: Path):
     """warm-up → pre-training → fine-tuning through selcl.train, as the stages call them."""
-    selcl_device.COMPILE_MIN_STEPS = 0           # compile these short loops as a paper run's
     ck = lambda name: checkpoint.Checkpointer(work / f"{name}.pt", f"gpu-check-{name}", 10_000)  # noqa: E731
     t0 = time.perf_counter()
-    warm = warmup(cfg, data, dev, ck("warmup"))
+    warm = warmup(cfg, data, dev, ck("warmup"))  # eager, as CIFAR's one warm-up epoch (worth_compiling)
+    selcl_device.COMPILE_MIN_STEPS = 0           # compile the short loops that follow as a paper run's
     pre = pretrain(cfg, data, warm, dev, ck("pretrain"))
     ft_marks = [time.perf_counter()]
     ft = finetune(cfg, data, pre, dev, ck("finetune"), on_epoch=lambda h: ft_marks.append(time.perf_counter()))
