@@ -21,10 +21,14 @@ def test_container_pins_mirror_pyproject():
 
 
 def test_dockerfile_and_run_script():
+    """The image has a C compiler (torch.compile), and the caches the stages write live in
+    the mounted repository (writable, kept after the --rm container, git-ignored)."""
     docker = (ROOT / "docker" / "Dockerfile").read_text()
+    assert "/compile_cache/" in (ROOT / ".gitignore").read_text().split()
     assert docker.startswith("#") and "FROM nvidia/cuda:12" in docker
     for needle in ("ARG UID", "ARG GID", "safe.directory", "DVC_SITE_CACHE_DIR=/workspace",
-                   "requirements-gpu.txt", "git"):
+                   "requirements-gpu.txt", "git", "build-essential",
+                   "TORCHINDUCTOR_CACHE_DIR=/workspace/compile_cache/"):
         assert needle in docker, needle
     run = (ROOT / "docker" / "run.sh").read_text()
     for needle in ("--gpus", "--ipc=host", "id -u", "/workspace"):
