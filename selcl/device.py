@@ -404,7 +404,9 @@ def compiled(model: torch.nn.Module, cuda_graphs: bool = True):
     Shares `model`'s parameters and state_dict; evaluation and other shapes call `model`
     itself, and so does every call inside `eager_step` (an epoch's last, smaller batch).
     Each (rows, BatchNorm groups, grad mode) gets its own static graph. Identity on the
-    CPU and when SELCL_COMPILE=0 (`compiles`); never changes a tracked param.
+    CPU, with SELCL_COMPILE=0 and where torch.compile cannot work (`compiles`); a compilation
+    that fails at a call makes that call and the rest eager (`run_compiled`); never changes
+    a tracked param.
 
     cuda_graphs=False: Inductor's fused kernels ("default" mode) without CUDA graphs, for a network whose
     graph is back-propagated twice (Sel-CL's clipped L_SIM gradient uses retain_graph,
