@@ -15,7 +15,7 @@ endif
 # stages run `python` and `dvc` from PATH: this environment's
 RUN := PATH="$(abspath $(BIN)):$$PATH"
 
-.PHONY: demo paper test bench venv lint
+.PHONY: demo paper test bench venv lint gpu-check
 
 ifndef SELCL_CONTAINER
 $(STAMP): pyproject.toml
@@ -45,6 +45,13 @@ paper: $(STAMP)
 TEST_WORKERS ?= 2
 test: $(STAMP)
 	$(RUN) $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
+
+## Every CUDA path once on a small real run, one PASS/FAIL line each, and the projected
+## CIFAR-10 epoch and setting time (tools/gpu_check.py; meant for < 5 min on one GPU). Run it
+## first on a new machine or image: docker/run.sh make gpu-check. Without CUDA (or with
+## SELCL_DEVICE=cpu) the same items on the CPU, the CUDA-only ones marked SKIP.
+gpu-check: $(STAMP)
+	$(RUN) $(BIN)/python tools/gpu_check.py
 
 ## CPU-sized benchmarks (on a CUDA machine: bench/gpu.sh path/to/cifar10-jpeg.tar.gz).
 bench: $(STAMP)

@@ -48,6 +48,8 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
+from .device import run_compiled
+
 LUMA = (0.299, 0.587, 0.114)   # ITU-R 601-2 luma weights (PIL's convert("L"))
 
 # ---------------------------------------------------------------------------
@@ -403,8 +405,9 @@ def strong_augment(x: torch.Tensor, generator: torch.Generator, mean: Sequence[f
     """
     B, _, H, W = x.shape
     params = sample_strong_params(B, H, W, generator, device=x.device, **kwargs)
-    fn = _apply_strong_compiled() if compiled else apply_strong
-    return fn(x, params, mean, std, size)
+    if compiled:   # where compilation fails, eagerly: the same result (device.run_compiled)
+        return run_compiled(x.device.type, _apply_strong_compiled(), apply_strong, x, params, mean, std, size)
+    return apply_strong(x, params, mean, std, size)
 
 
 def padded_crop_flip(x: torch.Tensor, top: torch.Tensor, left: torch.Tensor,

@@ -10,6 +10,7 @@ import contextlib
 import fcntl
 import os
 import platform
+import shutil
 import sys
 import tempfile
 import time
@@ -34,7 +35,8 @@ def get_device(preference: str = "auto") -> torch.device:
     if preference == "auto" and not torch.cuda.is_available():
         return torch.device("cpu")
     if preference.startswith("cuda") and not torch.cuda.is_available():
-        raise ConfigError(f"SELCL_DEVICE={preference}: CUDA is not available on this machine")
+        raise ConfigError(f"SELCL_DEVICE={preference}: CUDA is not available on this machine"
+                          + (f" ({reason})" if (reason := no_cuda_reason()) else ""))
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 and preference.startswith(("auto", "cuda")):
         if preference not in ("auto", "cuda"):     # one index for every rank: they would share one GPU
             raise ConfigError(f"SELCL_DEVICE={preference} under torchrun (SELCL_NPROC): every process "
@@ -97,6 +99,54 @@ def env_flag(name: str, default: bool) -> bool:
     if value in ("0", "false", "no", "off"):
         return False
     raise ConfigError(f"{name}={os.environ[name]!r}: expected 1 / true / yes / on or 0 / false / no / off")
+
+
+# The oldest Linux driver each CUDA major version of a torch wheel runs on (NVIDIA's CUDA
+# release notes, "minor version compatibility": 13.x needs 580, 12.x 525, 11.x 450).
+MIN_DRIVER = {13: 580, 12: 525, 11: 450}
+NVIDIA_PROC = Path("/proc/driver/nvidia/version")
+
+
+def nvidia_driver() -> str | None:
+    """The installed NVIDIA driver's version ("550.54.14"), or None where there is none:
+    from /proc/driver/nvidia/version (the kernel module), else `nvidia-smi`."""
+    try:
+        for word in NVIDIA_PROC.read_text().split():
+            if word[:1].isdigit() and "." in word:           # "... Kernel Module  550.54.14  Thu ..."
+                return word
+    except OSError:
+        pass
+    smi = shutil.which("nvidia-smi")
+    if smi:
+        import subprocess
+        try:
+            out = subprocess.run([smi, "--query-gpu=driver_version", "--format=csv,noheader"],
+                                 capture_output=True, text=True, timeout=30).stdout.split()
+        except (OSError, subprocess.SubprocessError):
+            out = []
+        if out and out[0][:1].isdigit():
+            return out[0]
+    return None
+
+
+def no_cuda_reason() -> str | None:
+    """Why torch sees no CUDA GPU although an NVIDIA driver is installed (one sentence, for
+    the stages' error lines), or None where there is no driver: then there is no GPU to
+    use, and the CPU demo is the way. The usual case is a driver older than the torch
+    wheel's CUDA needs (torch 2.14.1+cu130: driver 580 or newer)."""
+    driver = nvidia_driver()
+    if driver is None:
+        return None
+    wheel = f"torch {torch.__version__}"
+    if not torch.version.cuda:
+        return f"NVIDIA driver {driver} is installed, but {wheel} is a CPU-only build: install the CUDA wheel"
+    major = int(torch.version.cuda.split(".")[0])
+    need = MIN_DRIVER.get(major)
+    if need is not None and int(driver.split(".")[0]) < need:
+        return (f"NVIDIA driver {driver} is installed, but {wheel} (CUDA {torch.version.cuda}) needs driver "
+                f">= {need}: update the host's driver")
+    return (f"NVIDIA driver {driver} is installed (>= {need or '?'}, as {wheel} needs), but no GPU is "
+            f"visible: check CUDA_VISIBLE_DEVICES, `nvidia-smi`, and `docker run --gpus all`")
 
 
 def is_cuda(device: torch.device | str) -> bool:
@@ -165,11 +215,123 @@ def eval_batch_size(device: torch.device) -> int:
     return 1024 if is_cuda(device) else 128
 
 
+# The device types whose training forwards run under torch.compile: CUDA only (on the CPU
+# a compiled step was no faster: bench/cpu_compile.py). Tests add "cpu" to exercise the
+# CUDA path's decisions and its fallback on this machine.
+COMPILE_ON = ("cuda",)
+
+
 def compiles(device: torch.device) -> bool:
-    """Whether the training forwards run under torch.compile: on CUDA, unless SELCL_COMPILE=0.
+    """Whether the training forwards run under torch.compile: on CUDA, unless SELCL_COMPILE=0
+    or torch.compile cannot work here (`compile_failure`: no C compiler, no Triton, a failed
+    compilation), in which case everything runs eagerly after one warning line.
     Decided once per process; step by step, `compiled`'s forwards and the callers of
     `in_eager_step` (the augmentation) also run eagerly inside `eager_step`."""
-    return is_cuda(device) and env_flag("SELCL_COMPILE", True)
+    device = torch.device(device)
+    if device.type not in COMPILE_ON or not env_flag("SELCL_COMPILE", True):
+        return False
+    return compile_failure(device.type) is None
+
+
+# Why torch.compile does not work on a device type ({} until checked; None: it works). Set
+# once per process by the check before the first compilation, or by a compilation that
+# failed (`run_compiled`); from then on that device type runs eagerly.
+_COMPILE_FAILURE: dict[str, str | None] = {}
+
+
+def compile_failure(kind: str) -> str | None:
+    """Why torch.compile cannot work on device type `kind` in this process, or None.
+    Checked once, before the first compiled call: a C compiler (Triton builds every
+    kernel's launcher with one at run time; Inductor's CPU kernels are C++), Triton
+    (CUDA), then one tiny forward and backward compiled for real (`_probe`). The
+    stages' images and hosts may lack any of these: the answer is to run eagerly, with
+    one warning line (`_give_up`), never to crash mid-stage."""
+    if kind not in _COMPILE_FAILURE:
+        reason = None
+        if kind == "cuda" and c_compiler() is None:
+            reason = "no C compiler (Triton builds its kernel launchers with $CC, gcc or clang; none found)"
+        elif kind == "cpu" and cxx_compiler() is None:
+            reason = "no C++ compiler (Inductor's CPU kernels need $CXX or g++; none found)"
+        elif kind == "cuda" and not _importable("triton"):
+            reason = "Triton is not installed"
+        else:
+            try:
+                _probe(kind)
+            except Exception as exc:   # whatever broke, compiled steps would break the same way
+                reason = f"a test compilation failed ({_why(exc)})"
+        _COMPILE_FAILURE[kind] = None
+        if reason:
+            _give_up(kind, reason)
+    return _COMPILE_FAILURE[kind]
+
+
+def _give_up(kind: str, reason: str) -> None:
+    """From now on `kind` runs eagerly: say so once, in one line on stderr."""
+    if _COMPILE_FAILURE.get(kind):
+        return
+    _COMPILE_FAILURE[kind] = reason
+    print(f"[device] torch.compile cannot run on {kind}: {reason}; this process runs eagerly, as with "
+          f"SELCL_COMPILE=0 (slower steps; set SELCL_COMPILE=0 to skip this check)", file=sys.stderr, flush=True)
+
+
+def _why(exc: BaseException) -> str:
+    """The root of a compilation error in one short line: Dynamo wraps the backend's
+    exception (`inner_exception`), whose first line names what broke."""
+    while (inner := getattr(exc, "inner_exception", None) or exc.__cause__) is not None:
+        exc = inner
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    return f"{type(exc).__name__}: {lines[0] if lines else 'no message'}"[:240]
+
+
+def c_compiler() -> str | None:
+    """The C compiler Triton would use: $CC, else gcc, else clang (triton's `_build`)."""
+    return next((p for p in map(shutil.which, (os.environ.get("CC") or "gcc", "clang")) if p), None)
+
+
+def cxx_compiler() -> str | None:
+    """The C++ compiler Inductor's CPU backend would use: $CXX, else g++."""
+    return shutil.which(os.environ.get("CXX") or "g++")
+
+
+def _importable(module: str) -> bool:
+    import importlib.util
+    return importlib.util.find_spec(module) is not None
+
+
+def _probe(kind: str) -> None:
+    """Compile one tiny function the way the loops do (Inductor, static shapes) and run its
+    forward and backward, so that a compiler, Triton or toolchain that is present but
+    broken shows here (seconds), not in the first training step."""
+    x = torch.linspace(-1.0, 1.0, 64, device=kind, requires_grad=True)
+    fn = torch.compile(lambda t: (t.sin() * t).sum(), dynamic=False)
+    fn(x).backward()
+    synchronize(torch.device(kind))
+    if x.grad is None or not torch.isfinite(x.grad).all():
+        raise RuntimeError("the compiled test function gave no finite gradient")
+
+
+def _compile_errors() -> tuple[type, ...]:
+    """Errors of a compilation (Dynamo's tracing, Inductor, Triton inside Inductor): raised
+    before the compiled graph runs, so the same call can rerun eagerly with nothing applied
+    twice. (Looked up when needed: importing torch._dynamo costs every stage a second.)"""
+    return (torch._dynamo.exc.TorchDynamoException,)
+
+
+def run_compiled(kind: str, graph, eager, *args, **kwargs):
+    """graph(*args), or eager(*args) once torch.compile failed on device type `kind`: the
+    first compilation that raises (`_compile_errors`) makes this call and every later one
+    eager (one warning line), so a stage never stops for it and computes what it would
+    with SELCL_COMPILE=0."""
+    if _COMPILE_FAILURE.get(kind):
+        return eager(*args, **kwargs)
+    try:
+        return graph(*args, **kwargs)
+    except Exception as exc:
+        if not isinstance(exc, _compile_errors()):
+            raise
+        _give_up(kind, f"compiling {getattr(eager, '__name__', type(eager).__name__)} failed "
+                       f"({_why(exc)})")
+        return eager(*args, **kwargs)
 
 
 _eager_step = False   # set by `eager_step`: this step's compiled parts run eagerly
@@ -222,9 +384,12 @@ class _Compiled:
 
     def __init__(self, module: torch.nn.Module, graph):
         self.module, self.graph = module, graph
+        self.kind = next(module.parameters()).device.type
 
     def __call__(self, x):
-        return (self.module if _eager_step else self.graph)(x)
+        if _eager_step:
+            return self.module(x)
+        return run_compiled(self.kind, self.graph, self.module, x)
 
 
 RECOMPILE_LIMIT = 64   # Dynamo graphs per compiled function: headroom over its default, 8 (`compiled`)
@@ -239,7 +404,9 @@ def compiled(model: torch.nn.Module, cuda_graphs: bool = True):
     Shares `model`'s parameters and state_dict; evaluation and other shapes call `model`
     itself, and so does every call inside `eager_step` (an epoch's last, smaller batch).
     Each (rows, BatchNorm groups, grad mode) gets its own static graph. Identity on the
-    CPU and when SELCL_COMPILE=0 (`compiles`); never changes a tracked param.
+    CPU, with SELCL_COMPILE=0 and where torch.compile cannot work (`compiles`); a compilation
+    that fails at a call makes that call and the rest eager (`run_compiled`); never changes
+    a tracked param.
 
     cuda_graphs=False: Inductor's fused kernels ("default" mode) without CUDA graphs, for a network whose
     graph is back-propagated twice (Sel-CL's clipped L_SIM gradient uses retain_graph,

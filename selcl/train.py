@@ -166,7 +166,7 @@ def _views(x_uint8, g, data, strong: bool = True, n: int = 1):
     if strong:
         v = augment.strong_augment(x, g, data.mean, data.std, data.crop, scale=data.crop_scale,
                                    # SELCL_COMPILE=0 and an epoch's last, smaller batch: eager
-                                   compiled=compiles(x.device) and not in_eager_step())
+                                   compiled=not in_eager_step() and compiles(x.device))
     else:
         v = augment.weak_augment(x, g, data.mean, data.std, crop=data.crop)
     v = v.contiguous(memory_format=memory_format(x.device))

@@ -23,7 +23,7 @@ import torch  # noqa: E402
 from selcl import checkpoint, dist  # noqa: E402
 from selcl.atomic import atomic_write_text  # noqa: E402
 from selcl.config import load_setting  # noqa: E402
-from selcl.device import cuda_available, env_flag, get_device  # noqa: E402
+from selcl.device import cuda_available, env_flag, get_device, no_cuda_reason  # noqa: E402
 # The exceptions only: importing selcl.data / selcl.noise for them would make every
 # stage depend on the image loader and the noise model (dvc.yaml code deps).
 from selcl.errors import CheckpointError, ConfigError, DataError, DivergedError, NoiseError  # noqa: E402
@@ -65,6 +65,9 @@ def require_device(cfg: dict) -> torch.device:
     directions to the demo, unless SELCL_ALLOW_CPU=1 overrides."""
     if cfg["model"]["arch"] != "small" and not cuda_available() \
             and not env_flag("SELCL_ALLOW_CPU", False):
+        if reason := no_cuda_reason():   # a driver but no usable GPU: not a case for the demo
+            raise StageError(f"settings.{cfg['name']}.model.arch = {cfg['model']['arch']!r} needs a CUDA GPU: "
+                             f"{reason} (SELCL_ALLOW_CPU=1 runs it on the CPU anyway).")
         raise StageError(
             f"settings.{cfg['name']}.model.arch = {cfg['model']['arch']!r} is the paper suite and needs a "
             f"CUDA GPU, and none is visible. Run the CPU demo instead with `make demo` "

@@ -52,11 +52,12 @@ def graphs(monkeypatch):
     augment._apply_strong_compiled.cache_clear()
 
 
-def _setup(tmp_path, monkeypatch, n: int, drop_last: bool, min_steps: int):
-    """A short asym40 digits setting on `n` examples (batch 64), compiled as on CUDA, with
-    one call per step, and loops of `min_steps` steps or more compiling
-    (`device.worth_compiling`; the tests' loops are all short)."""
-    monkeypatch.setattr(device, "compiles", lambda d: True)
+def _setup(tmp_path, monkeypatch, n: int, drop_last: bool, min_steps: int, force: bool = True):
+    """A short asym40 digits setting on `n` examples (batch 64), compiled as on CUDA (`force`:
+    whatever `device.compiles` would say), with one call per step, and loops of `min_steps`
+    steps or more compiling (`device.worth_compiling`; the tests' loops are all short)."""
+    if force:
+        monkeypatch.setattr(device, "compiles", lambda d: True)
     monkeypatch.setattr(device, "COMPILE_MIN_STEPS", min_steps)
     monkeypatch.setenv("SELCL_SPLIT_VIEWS", "0")
     cfg = copy.deepcopy(resolve(load_params(ROOT / "params.yaml"), "demo_asym40"))
@@ -168,7 +169,8 @@ def test_selcl_compile_0_turns_every_compiled_part_off(monkeypatch):
     """SELCL_COMPILE=0 (gpu_real.sh's fallback when compilation fails) means eager everywhere:
     the networks and the strong augmentation; on CUDA both compile by default."""
     from selcl import train
-    monkeypatch.setattr(device, "is_cuda", lambda d: True)
+    monkeypatch.setattr(device, "COMPILE_ON", ("cuda", "cpu"))        # as on CUDA ...
+    monkeypatch.setattr(device, "compile_failure", lambda kind: None)  # ... with a working compiler
     asked = []
     monkeypatch.setattr(augment, "strong_augment", lambda *a, compiled, **kw: asked.append(compiled) or a[0].float())
     data = type("D", (), {"mean": (0.5,) * 3, "std": (0.25,) * 3, "crop": None, "crop_scale": (0.2, 1.0)})
@@ -184,3 +186,115 @@ def test_selcl_compile_0_turns_every_compiled_part_off(monkeypatch):
         with device.eager_step():             # an epoch's last, smaller batch: eager too
             train._views(x, None, data)
         assert asked[-1] is False
+
+
+# --- Where torch.compile cannot work: eager, one warning line, the numbers of SELCL_COMPILE=0 ---
+
+@pytest.fixture
+def compile_on_cpu(monkeypatch):
+    """The CUDA path's compile decisions on this machine: the CPU counts as a device that
+    compiles (`device.COMPILE_ON`), and no process-wide verdict from another test."""
+    monkeypatch.setattr(device, "COMPILE_ON", ("cuda", "cpu"))
+    monkeypatch.setattr(device, "_COMPILE_FAILURE", {})
+    monkeypatch.delenv("SELCL_COMPILE", raising=False)
+    torch._dynamo.reset()
+    augment._apply_strong_compiled.cache_clear()
+    yield
+    torch._dynamo.reset()
+    augment._apply_strong_compiled.cache_clear()
+
+
+def _compile_failed(*args, **kwargs):
+    """What a compiled call raises when Triton finds no C compiler (wrapped by Dynamo)."""
+    from torch._dynamo.exc import BackendCompilerFailed
+    raise BackendCompilerFailed(lambda gm, ex: gm, RuntimeError(
+        "Failed to find C compiler. Please specify via CC environment variable or set triton.knobs.build.impl."),
+        None)
+
+
+def _short_run(tmp_path, monkeypatch):
+    """Warm-up and pre-training (memory read, selection, L_CLS) on 256 digits, every loop
+    compiling where `device.compiles` says so: the model, the EMA model and the history."""
+    cfg, data, ck, cpu = _setup(tmp_path, monkeypatch, 256, drop_last=False, min_steps=0, force=False)
+    pre = pretrain(cfg, data, warmup(cfg, data, cpu, ck("warmup")), cpu, ck("pretrain"))
+    return pre["model"], pre["ema"], pre["history"]
+
+
+def _same(a, b) -> bool:
+    """Bit for bit, through nested state dicts."""
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return type(a) is type(b) and len(a) == len(b) and all(map(_same, a, b))
+    return torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b
+
+
+def _same_run(a, b) -> None:
+    assert _same(a[0], b[0]) and _same(a[1], b[1]), "model or EMA state differs from SELCL_COMPILE=0's"
+    assert a[2] == b[2]
+
+
+def _warnings(err: str) -> list[str]:
+    return [ln for ln in err.splitlines() if "torch.compile cannot run" in ln]
+
+
+def test_no_c_compiler_means_eager_with_one_warning_line(compile_on_cpu, monkeypatch, capsys):
+    monkeypatch.setattr(device, "cxx_compiler", lambda: None)
+    monkeypatch.setattr(device, "c_compiler", lambda: None)
+    monkeypatch.setattr(torch, "compile", lambda *a, **kw: pytest.fail("compiled without a compiler"))
+    cpu = torch.device("cpu")
+    assert not device.compiles(cpu) and not device.compiles(cpu)
+    net = torch.nn.Linear(2, 2)
+    assert device.compiled(net) is net
+    assert device.compiles(torch.device("cuda")) is False             # the CUDA check: no cc either
+    lines = _warnings(capsys.readouterr().err)
+    assert len(lines) == 2 and "no C++ compiler" in lines[0] and "no C compiler" in lines[1], lines
+    assert all("SELCL_COMPILE=0" in ln and "eagerly" in ln for ln in lines)
+
+
+def test_no_triton_means_eager(compile_on_cpu, monkeypatch, capsys):
+    monkeypatch.setattr(device, "c_compiler", lambda: "/usr/bin/gcc")
+    monkeypatch.setattr(device, "_importable", lambda m: m != "triton")
+    assert device.compile_failure("cuda") == "Triton is not installed"
+    assert len(_warnings(capsys.readouterr().err)) == 1
+
+
+def test_selcl_compile_0_skips_the_check(compile_on_cpu, monkeypatch, capsys):
+    monkeypatch.setenv("SELCL_COMPILE", "0")
+    monkeypatch.setattr(device, "compile_failure", lambda kind: pytest.fail("checked"))
+    assert not device.compiles(torch.device("cpu"))
+    assert capsys.readouterr().err == ""
+
+
+def test_a_run_without_a_compiler_gives_the_numbers_of_selcl_compile_0(compile_on_cpu, tmp_path, monkeypatch,
+                                                                        capsys):
+    """Three ways torch.compile fails: no compiler (found before compiling), the test
+    compilation fails (a compiler that is there but broken), the first compiled training
+    call fails (the test compilation passed). Each run says so in one line and computes
+    bit for bit what SELCL_COMPILE=0 computes."""
+    monkeypatch.setenv("SELCL_COMPILE", "0")
+    reference = _short_run(tmp_path / "eager", monkeypatch)
+    assert capsys.readouterr().err.count("torch.compile") == 0
+    monkeypatch.delenv("SELCL_COMPILE")
+    calls = []
+
+    def broken_compile(fn, **kw):
+        return lambda *a, **k: calls.append(fn) or _compile_failed()
+
+    for case in ("no compiler", "test compilation fails", "first training call fails"):
+        monkeypatch.setattr(device, "_COMPILE_FAILURE", {})
+        with monkeypatch.context() as m:
+            if case == "no compiler":
+                m.setattr(device, "cxx_compiler", lambda: None)
+                m.setattr(torch, "compile", lambda *a, **kw: pytest.fail("compiled without a compiler"))
+            else:
+                m.setattr(torch, "compile", broken_compile)
+            if case == "first training call fails":
+                m.setattr(device, "_probe", lambda kind: None)
+            calls.clear()
+            run = _short_run(tmp_path / case.replace(" ", "_"), monkeypatch)
+        lines = _warnings(capsys.readouterr().err)
+        assert len(lines) == 1 and "SELCL_COMPILE=0" in lines[0], (case, lines)
+        assert ("Failed to find C compiler" in lines[0]) is (case != "no compiler"), lines
+        assert len(calls) == (0 if case == "no compiler" else 1), (case, calls)   # tried once, then eager
+        _same_run(run, reference)
