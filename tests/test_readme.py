@@ -50,20 +50,27 @@ def test_recording_a_demo_report_keeps_the_other_seeds(tmp_path):
     assert (dest / "seeds" / "demo_sym40-seed2.json").read_text() == "kept"
     assert sorted(p.name for p in (dest / "metrics").iterdir()) == ["demo_sym40.json"]
     assert (dest / "README.md").read_text() == "new report"
-    # the record keeps no figures/: a report's figure links become plain text, not dead links
+    # the record keeps the report's figures, so its links resolve there too
+    (src / "figures").mkdir()
+    (src / "figures" / "demo_sym40_accuracy.png").write_bytes(b"png")
     (src / "README.md").write_text("a\n![test accuracy](figures/demo_sym40_accuracy.png)\nb\n")
+    (dest / "figures").mkdir()
+    (dest / "figures" / "stale.png").write_bytes(b"old")
     R.record(src, dest)
-    rec = (dest / "README.md").read_text()
-    assert "](figures/" not in rec and "`demo/figures/demo_sym40_accuracy.png`" in rec and "test accuracy" in rec
+    assert (dest / "README.md").read_text() == "a\n![test accuracy](figures/demo_sym40_accuracy.png)\nb\n"
+    assert sorted(p.name for p in (dest / "figures").iterdir()) == ["demo_sym40_accuracy.png"]
 
 
 def test_the_recorded_report_links_no_missing_file():
-    """Every relative link in the recorded demo report points at a file that exists."""
+    """Every relative link in the recorded demo report points at a file that exists, and
+    the report shows its figures (committed beside it)."""
     import re
     rec = ROOT / "bench" / "results" / "demo" / "README.md"
-    for target in re.findall(r"\]\(([^)#\s]+)\)", rec.read_text()):
+    targets = re.findall(r"\]\(([^)#\s]+)\)", rec.read_text())
+    for target in targets:
         if "://" not in target:
             assert (rec.parent / target).exists(), target
+    assert any(t.startswith("figures/") and t.endswith(".png") for t in targets)
 
 
 def test_recording_from_a_folder_without_a_report_keeps_the_record(tmp_path):
