@@ -80,12 +80,24 @@ def doc_commands(params: dict) -> list[tuple[str, str, dict]]:
             for line in joined:
                 for var, items in FOR.findall(line):
                     loops[var] = _first_value(items, params)
-                if DVC_CMD.search(line):
+                if _runs_dvc(line):
                     cmd = line
                     for var, value in loops.items():
                         cmd = re.sub(rf"\$\{{?{var}\}}?", value, cmd)
                     out.append((f"{doc.relative_to(ROOT)}: {line.strip()}", cmd, own))
     return out
+
+
+def _runs_dvc(line: str) -> bool:
+    """The line runs `dvc exp run` or `dvc repro` (not only names it in a comment)."""
+    if not DVC_CMD.search(line):
+        return False
+    try:
+        tokens = shlex.split(line, comments=True)
+    except ValueError:
+        return True                   # unbalanced quotes: let the check report it
+    return any(t == "dvc" and tokens[i + 1:i + 3] in (["exp", "run"], ["repro"]) or
+               t == "dvc" and tokens[i + 1:i + 2] == ["repro"] for i, t in enumerate(tokens))
 
 
 def dvc_argv(cmd: str) -> list[str]:
