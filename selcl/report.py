@@ -580,9 +580,9 @@ def gap_spread(gaps_of_seeds: list[float], sd_sel: float | None, sd_ce: float | 
     over the seeds of one configuration in this report, when there are two or more; else,
     from one run, the epoch-to-epoch spread of the epochs each accuracy averages."""
     if len(gaps_of_seeds) >= 2:
-        return float(np.std(gaps_of_seeds, ddof=1)), f"{len(gaps_of_seeds)} seeds' spread"
+        return float(np.std(gaps_of_seeds, ddof=1)), f"gap over {len(gaps_of_seeds)} seeds"
     if sd_sel is not None and sd_ce is not None:
-        return math.hypot(sd_sel, sd_ce), "one seed: the spread of the averaged epochs"
+        return math.hypot(sd_sel, sd_ce), "averaged epochs (one seed)"
     return None, "no spread known"
 
 
@@ -600,14 +600,17 @@ def outcome(name: str, ours, ce, budget: dict, spread: float | None, spread_what
         return f"* **{name}**: Sel-CL+ {_fmt(ours)}; no {bl} baseline run to compare ({bud})."
     gap = round(ours - ce, 2)
     band = None if spread is None else round(2 * spread, 2)
-    if band is not None and abs(gap) <= band:
-        word = "tied with"
+    tied = band is not None and abs(gap) <= band
+    if tied:
+        head = f"**tied** with {bl}: {gap:+.2f} points"
+    elif gap > 0:
+        head = f"**won** against {bl} by {gap:.2f} points"
     else:
-        word = "won against" if gap > 0 else "lost to"
-    band_txt = f"a tie is within ±{band:.2f} ({spread_what}, twice its sd)" if band is not None else spread_what
+        head = f"**lost** to {bl} by {-gap:.2f} points"
+    band_txt = (f"a tie is a gap within ±{band:.2f}, twice the sd of the {spread_what}" if band is not None
+                else spread_what)
     best = f"; {bl}'s best epoch, chosen on the test labels: {_fmt(ce_best)}" if ce_best is not None else ""
-    return (f"* **{name}**: Sel-CL+ **{word}** {bl} by {gap:+.2f} points ({_fmt(ours)} against "
-            f"{_fmt(ce)}; {band_txt}{best}). Budget: {bud}.")
+    return f"* **{name}**: Sel-CL+ {head} ({_fmt(ours)} against {_fmt(ce)}; {band_txt}{best}). Budget: {bud}."
 
 
 def _bold_better(ours, ce) -> tuple[str, str]:

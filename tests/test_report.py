@@ -384,9 +384,9 @@ def test_one_verdict_line_per_setting_with_both_budgets(tmp_path, monkeypatch):
     lines = [ln for ln in section.splitlines() if ln.startswith("* ")]
     assert len(lines) == 3
     sym, asym, cpu = lines
-    assert "**tied with** CE by -0.62" in sym and "±1." in sym
-    assert "**won against** CE by +15.28" in asym and "90.44 against 75.16" in asym
-    assert "**lost to** CE by -10.00" in cpu
+    assert "**tied** with CE: -0.62 points" in sym and "±1." in sym
+    assert "**won** against CE by 15.28 points" in asym and "90.44 against 75.16" in asym
+    assert "**lost** to CE by 10.00 points" in cpu
     assert "Sel-CL+ 1 + 20 + 20 = 41 epochs, CE 41 epochs" in asym
     b = configs["cpu_cifar10_sym50"]
     w, p, f, c = b["warmup"]["epochs"], b["pretrain"]["epochs"] - b["warmup"]["epochs"], b["finetune"]["epochs"], b["baseline"]["epochs"]
@@ -405,9 +405,9 @@ def test_the_tie_band_is_the_seeds_spread_when_seeds_are_in_the_report(tmp_path,
     md, _ = _report(tmp_path, monkeypatch, seeds,
                     {"demo_asym40_s1": (80.0, 79.0), "demo_asym40_s2": (84.0, 79.0), "demo_asym40_s3": (82.0, 79.0)})
     section = md.split("## Who won", 1)[1].split("\n## ", 1)[0]
-    assert section.count("3 seeds' spread") == 3
+    assert section.count("gap over 3 seeds") == 3
     # gaps 1, 5, 3: sd 2, so within ±4 is a tie
-    assert "**tied with** CE by +1.00" in section and "**won against** CE by +5.00" in section
+    assert "**tied** with CE: +1.00 points" in section and "**won** against CE by 5.00 points" in section
 
 
 def test_uncommitted_flag_only_when_tracked_files_really_differ(tmp_path):
