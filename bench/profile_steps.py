@@ -2,7 +2,7 @@
 --profile-steps N`): where a real epoch's step spends its time, beside `bench/step.py`'s.
 
 The benchmark's step has always been faster than a real epoch's on a GPU (H100: 28.0 against
-40.8 ms; H200: 34.8 against 57.7 ms; `results/gpu_notes.md`). This records `n` consecutive
+40.8 ms; H200: 34.8 against 57.7 ms; `results/gpu_real_h100/step.md`, `results/gpu_real_h200_4/`). This records `n` consecutive
 steps after `skip` steps (compilation and CUDA-graph recording done; by default inside the
 second pre-training epoch) and writes one text file: the wall time per step (synchronised),
 the device's kernel time per step, and torch.profiler's table of the most expensive ops.

@@ -26,7 +26,7 @@ def embed(model, x_uint8: torch.Tensor, mean, std, *, batch_size: int | None = N
     hard cuts (the selection's K-th neighbour, each class's n_sel, T's last member; the
     k-NN; test accuracy). On seven encoders of a CPU preset's run, bf16 embeddings moved
     n_sel in six and 7-31 of 2,000 pseudo-labels against float32 (`bench/selection_sweep.py
-    --precision`, bench/results/cpu_real.md). The authors embedded in fp16 in pre-training
+    --precision`, docs/performance.md). The authors embedded in fp16 in pre-training
     (apex O1 on CIFAR, an autocast-decorated forward on WebVision), float32 in CIFAR
     fine-tuning's tests; fp16 stayed within 1-4 pseudo-labels of float32 there. On CUDA
     cuDNN may run these float32 convolutions in TF32 (PyTorch's default, fp16's mantissa).

@@ -21,7 +21,7 @@ The k neighbours are the exact ones: ties in similarity go to the lower key inde
 stable sort would), and a float32 near-tie at the k-th place is settled in float64. faiss
 keeps an arbitrary member of a tied group that straddles the k-th place, and float32
 similarities are off by up to ~d·2⁻²⁴, differently on each BLAS kernel (faiss-cpu's
-OpenBLAS picks one by CPU; bench/results/cpu_real.md, "One pseudo-label of 2,000"). So
+OpenBLAS picks one by CPU; docs/evidence.md, "How far to trust a number"). So
 the exact searches ask for `MARGIN` extra hits, and rows whose k-th and (k+1)-th
 similarities lie within twice that error are re-scored in float64 (`_exact_boundary`):
 one set of neighbours on every host. Within a returned row, tied entries are re-sorted
@@ -151,8 +151,8 @@ def _exact_boundary(sims: torch.Tensor, idx: torch.Tensor, q: torch.Tensor, keys
     top kk of each row, equal similarities by lower index.
 
     A float32 similarity is off by up to ε = `f32_error(d)`, and BLAS kernels round
-    differently (faiss-cpu's OpenBLAS picks one by CPU: bench/results/cpu_real.md, "One
-    pseudo-label of 2,000"). With t the kk-th hit's float32 similarity, fewer than kk keys
+    differently (faiss-cpu's OpenBLAS picks one by CPU: docs/evidence.md, "How far to
+    trust a number"). With t the kk-th hit's float32 similarity, fewer than kk keys
     can be exactly above t + ε and at least kk are at or above t − ε, so the exact kk-th
     similarity lies in [t − ε, t + ε]: a hit above t + 2ε is in the exact top kk, one under
     t − 2ε is out. Rows whose hit kk+1 lies above t − 2ε have hits in that band: those are

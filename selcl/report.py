@@ -76,33 +76,49 @@ def paper_numbers(tables: dict, cfg: dict) -> dict:
     return out
 
 
+DPI = 150                      # every figure: readable when the report is viewed at full size
+
+# what a figure's legend calls a history column (the column names stay the metric keys)
+LABELS = {"precision_T": "precision of T (vs true labels)", "recall_T": "recall of T",
+          "n_selected": "|T|", "precision_G": "precision of G (vs true labels)",
+          "knn_top1": "weighted k-NN of the encoder (clean train labels)",
+          "test_acc": "Sel-CL's classifier (L_CLS head)"}
+
+
+def _integer_epochs(ax) -> None:
+    """Epochs are whole numbers: no 2.5 or 7.5 on an epoch axis."""
+    from matplotlib.ticker import MaxNLocator
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+
+
 def _plot_learning(name: str, hist: list[dict], ft: list[dict], bl: list[dict], budget: dict,
                    path: Path) -> None:
-    """The paper's Fig. 3 learning-process panels for one setting."""
+    """The paper's Fig. 3 learning-process panels for one setting (2 × 2, so no title is cut)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     ep = [h["epoch"] for h in hist]
-    fig, axes = plt.subplots(1, 4, figsize=(16, 3.4))
-    panels = [("precision_T", "recall_T", "(a) confident examples T", "precision / recall"),
-              ("n_selected", None, "(b) |T|", "examples"),
-              ("precision_G", None, "(c) confident pairs G", "pair precision"),
-              ("knn_top1", "test_acc", "(d) test accuracy: weighted k-NN (clean train labels),\nSel-CL classifier", "%")]
-    for ax, (a, b, title, ylabel) in zip(axes, panels):
+    fig, axes = plt.subplots(2, 2, figsize=(10, 7))
+    panels = [("precision_T", "recall_T", "(a) confident examples T: precision and recall", "fraction"),
+              ("n_selected", None, "(b) size of T", "examples"),
+              ("precision_G", None, "(c) confident pairs G: precision", "fraction of pairs"),
+              ("knn_top1", "test_acc", "(d) test accuracy during pre-training", "test accuracy (%)")]
+    for ax, (a, b, title, ylabel) in zip(axes.flat, panels):
         if hist and a in hist[0]:
-            ax.plot(ep, [h[a] for h in hist], label=a)
+            ax.plot(ep, [h[a] for h in hist], label=LABELS[a])
         if b and hist and b in hist[0]:
-            ax.plot(ep, [h[b] for h in hist], label=b)
+            ax.plot(ep, [h[b] for h in hist], label=LABELS[b])
         ax.set_title(title, fontsize=10)
         ax.set_xlabel("pre-training epoch")
         ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)
-        if b and hist:
+        _integer_epochs(ax)
+        if b and ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=8)
-    fig.suptitle(name, fontsize=11)
+    fig.suptitle(f"{name}: Sel-CL's learning process (paper Fig. 3)", fontsize=11)
     fig.tight_layout()
     with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=90)
+        fig.savefig(tmp, format="png", dpi=DPI)
     plt.close(fig)
     _plot_accuracy(name, ft, bl, budget, path.with_name(path.stem.replace("learning", "accuracy") + ".png"))
 
@@ -115,7 +131,7 @@ def _plot_accuracy(name: str, ft: list[dict], bl: list[dict], budget: dict, path
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.4), sharey=True)
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
     w, p = budget["warmup"], budget["pretrain"]
     for ax, hist, label, xlabel in (
             (axes[0], ft, "Sel-CL+", f"fine-tuning epoch (after {w} warm-up + {p} pre-training epochs)"),
@@ -125,11 +141,12 @@ def _plot_accuracy(name: str, ft: list[dict], bl: list[dict], budget: dict, path
         ax.set_title(f"{label}: {len(hist)} epochs", fontsize=10)
         ax.set_xlabel(xlabel, fontsize=9)
         ax.grid(alpha=0.3)
+        _integer_epochs(ax)
     axes[0].set_ylabel("test accuracy (%)")
-    fig.suptitle(f"{name}: test accuracy", fontsize=11)
+    fig.suptitle(f"{name}: test accuracy by epoch", fontsize=11)
     fig.tight_layout()
     with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=90)
+        fig.savefig(tmp, format="png", dpi=DPI)
     plt.close(fig)
 
 
@@ -145,7 +162,7 @@ def _plot_transition(name: str, T: np.ndarray, path: Path) -> None:
     fig.colorbar(im, ax=ax, fraction=0.046)
     fig.tight_layout()
     with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=90)
+        fig.savefig(tmp, format="png", dpi=DPI)
     plt.close(fig)
 
 
@@ -167,7 +184,7 @@ def _plot_tsne(name: str, xy: np.ndarray, labels: np.ndarray, classes: list, pat
         ax.legend(fontsize=6, markerscale=3, loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False)
     fig.tight_layout()
     with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=90)
+        fig.savefig(tmp, format="png", dpi=DPI)
     plt.close(fig)
 
 
@@ -371,19 +388,57 @@ def noise_text(cfg: dict, realised: float | None = None) -> str:
     return text if realised is None else f"{text}, realised {_fmt(realised, 2)}"
 
 
+# what the pipeline itself writes while an experiment runs: never "uncommitted changes"
+PIPELINE_OUTPUTS = ("dvc.lock", "runs/", "reports/", "plots/", "demo/", "scratch/")
+
+
+def _flat(d, prefix: str = "") -> dict:
+    if not isinstance(d, dict):
+        return {prefix: d}
+    out = {}
+    for k, v in d.items():
+        out.update(_flat(v, f"{prefix}.{k}" if prefix else str(k)))
+    return out
+
+
+def params_changes(committed: dict | None, current: dict | None) -> list[str]:
+    """The params keys (dotted) whose values differ between two params.yaml, `run` aside
+    (the report names the settings it ran)."""
+    a, b = _flat(committed or {}), _flat(current or {})
+    return sorted(k for k in set(a) | set(b) if k.split(".")[0] != "run" and a.get(k) != b.get(k))
+
+
 def git_commit(cwd: Path = Path(".")) -> str:
-    """The commit the pipeline ran from (a DVC experiment: its baseline), and whether
-    tracked files differed from it."""
+    """The commit the pipeline ran from (a DVC experiment: its baseline), the params keys
+    changed against it (`dvc exp run -S`), and any other tracked file that differs. The
+    pipeline's own outputs (dvc.lock, runs/, reports/, plots/) and the `run` list that every
+    `dvc exp run -S 'run=[...]'` (`make demo` included) sets are not changes."""
     import subprocess
+
+    def git(*args):
+        return subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, check=True).stdout
     try:
-        sha = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=cwd, capture_output=True,
-                             text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=cwd,
-                               capture_output=True, text=True, check=True).stdout.strip()
+        sha = git("rev-parse", "--short=12", "HEAD").strip()
+        changed = [ln[3:].strip() for ln in git("status", "--porcelain", "--untracked-files=no").splitlines()
+                   if ln.strip()]
     except (OSError, subprocess.CalledProcessError):
         return "unknown (not a git checkout)"
-    return f"`{sha}`" + (", with uncommitted changes to tracked files (in a `dvc exp run -S` "
-                         "experiment: its params)" if dirty else "")
+    changed = [f.split(" -> ")[-1].strip('"') for f in changed]
+    out = f"`{sha}`"
+    if "params.yaml" in changed:
+        try:
+            keys = params_changes(yaml.safe_load(git("show", "HEAD:params.yaml")),
+                                  yaml.safe_load((Path(cwd) / "params.yaml").read_text()))
+        except (OSError, subprocess.CalledProcessError, yaml.YAMLError):
+            keys = ["(unreadable)"]
+        if keys:
+            out += (", params changed from it (a `dvc exp run -S` experiment): "
+                    + ", ".join(f"`{k}`" for k in keys[:8]) + (f" and {len(keys) - 8} more" if len(keys) > 8 else ""))
+    others = [f for f in changed if f != "params.yaml" and not f.startswith(PIPELINE_OUTPUTS)]
+    if others:
+        out += (", with uncommitted changes to tracked files: "
+                + ", ".join(f"`{f}`" for f in others[:8]) + (f" and {len(others) - 8} more" if len(others) > 8 else ""))
+    return out
 
 
 def params_hash(configs: dict[str, dict]) -> str:
@@ -506,6 +561,67 @@ def _clean_labels_known(cfg: dict) -> bool:
     return cfg["noise"]["kind"] != "none" or cfg["data"]["dataset"] != "imagefolder"
 
 
+def _seedless(cfg: dict) -> str:
+    """A setting's resolved params without its initialisation seed: settings with equal
+    keys are seeds of one configuration."""
+    c = json.loads(json.dumps(cfg, default=str))
+    c.get("model", {}).pop("seed", None)
+    c.pop("name", None)
+    return json.dumps(c, sort_keys=True)
+
+
+def _last_sd(hist: list[dict], n: int) -> float | None:
+    vals = [float(h["test_acc"]) for h in hist[-n:] if h.get("test_acc") not in (None, "")]
+    return float(np.std(vals, ddof=1)) if len(vals) >= 2 else None
+
+
+def gap_spread(gaps_of_seeds: list[float], sd_sel: float | None, sd_ce: float | None) -> tuple[float | None, str]:
+    """How far apart Sel-CL+ and CE can land by chance: the standard deviation of the gap
+    over the seeds of one configuration in this report, when there are two or more; else,
+    from one run, the epoch-to-epoch spread of the epochs each accuracy averages."""
+    if len(gaps_of_seeds) >= 2:
+        return float(np.std(gaps_of_seeds, ddof=1)), f"gap over {len(gaps_of_seeds)} seeds"
+    if sd_sel is not None and sd_ce is not None:
+        return math.hypot(sd_sel, sd_ce), "averaged epochs (one seed)"
+    return None, "no spread known"
+
+
+def outcome(name: str, ours, ce, budget: dict, spread: float | None, spread_what: str,
+            ce_best=None) -> str:
+    """One line: did Sel-CL+ win, lose or tie against the baseline, by how much, at which
+    budgets. A tie is a gap within twice the spread (about a 95 % band)."""
+    total = budget["warmup"] + budget["pretrain"] + budget["finetune"]
+    bud = (f"Sel-CL+ {budget['warmup']} + {budget['pretrain']} + {budget['finetune']} = {total} epochs, "
+           f"{budget['baseline']} {budget['ce'] if budget['ce'] is not None else '—'} epochs")
+    bl = budget["baseline"]
+    if ours is None:
+        return f"* **{name}**: Sel-CL+ not run ({bud})."
+    if ce is None:
+        return f"* **{name}**: Sel-CL+ {_fmt(ours)}; no {bl} baseline run to compare ({bud})."
+    gap = round(ours - ce, 2)
+    band = None if spread is None else round(2 * spread, 2)
+    tied = band is not None and abs(gap) <= band
+    if tied:
+        head = f"**tied** with {bl}: {gap:+.2f} points"
+    elif gap > 0:
+        head = f"**won** against {bl} by {gap:.2f} points"
+    else:
+        head = f"**lost** to {bl} by {-gap:.2f} points"
+    band_txt = (f"a tie is a gap within ±{band:.2f}, twice the sd of the {spread_what}" if band is not None
+                else spread_what)
+    best = f"; {bl}'s best epoch, chosen on the test labels: {_fmt(ce_best)}" if ce_best is not None else ""
+    return f"* **{name}**: Sel-CL+ {head} ({_fmt(ours)} against {_fmt(ce)}; {band_txt}{best}). Budget: {bud}."
+
+
+def _bold_better(ours, ce) -> tuple[str, str]:
+    """The Sel-CL+ and baseline cells, the better of the two (as printed) in bold, both on a tie."""
+    a, b = _fmt(ours), _fmt(ce)
+    if ours is None or ce is None:
+        return (f"**{a}**" if ours is not None and ce is None else a), b
+    ra, rb = round(ours, 2), round(ce, 2)
+    return (f"**{a}**" if ra >= rb else a), (f"**{b}**" if rb >= ra else b)
+
+
 def build_report(run: list[str], configs: dict[str, dict], runs_dir: Path, tables: dict,
                  out_dir: Path, plots_dir: Path = Path("plots")) -> dict:
     """Write reports/README.md, figures, metrics and the accuracy plot data; return
@@ -514,7 +630,7 @@ def build_report(run: list[str], configs: dict[str, dict], runs_dir: Path, table
     fig_dir.mkdir(parents=True, exist_ok=True)
     rows, knn_rows, sel_rows, figs, metrics, envs = [], [], [], [], {}, {}
     noise_rows, variants, differences = [], {"4": [], "6": [], "7": [], "10": [], "S": []}, []
-    verdicts, web_rows = [], []
+    verdicts, web_rows, results = [], [], {}
     for name in run:
         cfg, d = configs[name], runs_dir / name
         ft, bl = _read_json(d / "finetune.json"), _read_json(d / "baseline.json")
@@ -550,9 +666,10 @@ def build_report(run: list[str], configs: dict[str, dict], runs_dir: Path, table
             verdicts.append(verdict)
         realised = noise.get("realised_noise_rate") if known else None
         noise_cell = noise_text(cfg, realised) if known else "none (the labels as given)"
+        ours_cell, ce_cell = _bold_better(ours, ce)
         rows.append(f"| {name} | {cfg['data']['dataset']} | {noise_cell} | "
-                    f"{_budget_text(budget)} | **{_fmt(ours)}** | {_fmt(ft.get('test_acc_last'))} | "
-                    f"{_fmt(ce)}{tag} | {_fmt(bl.get('test_acc_best'))} | {_paper_fmt(paper.get('selcl_plus'))} | "
+                    f"{_budget_text(budget)} | {ours_cell} | {_fmt(ft.get('test_acc_last'))} | "
+                    f"{ce_cell}{tag} | {_fmt(bl.get('test_acc_best'))} | {_paper_fmt(paper.get('selcl_plus'))} | "
                     f"{'—' if diff is None else f'{round(diff, 2):+.2f}'} | {verdict} | {paper_bl_cell} |")
         clean = None
         if (d / "labels.npz").exists():
@@ -583,6 +700,9 @@ def build_report(run: list[str], configs: dict[str, dict], runs_dir: Path, table
         if "env" in pre:
             envs[name] = pre["env"]
         ft_hist, bl_hist = _read_csv(d / "finetune_history.csv"), _read_csv(d / "baseline_history.csv")
+        results[name] = (ours, ce, budget, _last_sd(ft_hist, cfg["finetune"]["eval_last"]),
+                         _last_sd(bl_hist, cfg["baseline"]["eval_last"]),
+                         bl.get("test_acc_best") if ce is not None else None)
         _plot_learning(name, hist, ft_hist, bl_hist, budget, fig_dir / f"{name}_learning.png")
         _write_csv(plots_dir / "accuracy" / f"{name}.csv", accuracy_plot_rows(ft_hist, bl_hist, budget))
         section = [f"### {name}", "", f"Budget: Sel-CL+ {budget['warmup']} warm-up + {budget['pretrain']} "
@@ -614,11 +734,25 @@ def build_report(run: list[str], configs: dict[str, dict], runs_dir: Path, table
                if web else {})}.items()
             if v is not None and math.isfinite(float(v))}
 
+    groups: dict[str, list[float]] = {}
+    for name, (o, c, *_rest) in results.items():
+        if o is not None and c is not None:
+            groups.setdefault(_seedless(configs[name]), []).append(o - c)
+    outcomes = []
+    for name, (o, c, budget, sd_sel, sd_ce, ce_best) in results.items():
+        spread, what = gap_spread(groups.get(_seedless(configs[name]), []), sd_sel, sd_ce)
+        outcomes.append(outcome(name, o, c, budget, spread, what, ce_best))
     md = ["# Sel-CL / Sel-CL+ reproduction report", "",
           f"Git commit {git_commit()} · params hash `{params_hash({n: configs[n] for n in run})}` "
           f"(sha256 of the resolved params of the settings below) · settings: {', '.join(run)}.", "",
           "Generated by `stages/report.py` from `runs/<setting>/`; published numbers from "
           "`references/paper_tables.yaml` (Li et al., CVPR 2022). Accuracies in percent.", "",
+          "## Who won", "",
+          "Sel-CL+ against the baseline trained from scratch on the same noisy labels (the mean of "
+          "each one's last epochs, as in the table below), with both budgets. A gap within twice "
+          "the spread is a tie: the spread of the gap over the seeds of one configuration where "
+          "this report has two or more, else that of the epochs each accuracy averages (a lower "
+          "bound on a seed's spread).", "", *outcomes, "",
           "## Test accuracy (paper Table 3)", "",
           "Sel-CL+ = mean test accuracy over the last `finetune.eval_last` epochs, as the paper (which "
           "averages 10; each setting's value, network and image counts: its section below); "
@@ -720,7 +854,7 @@ def build_report(run: list[str], configs: dict[str, dict], runs_dir: Path, table
                f"| {e.get('torch')} | {e.get('cuda')} | {e.get('faiss')} |" for n, e in envs.items()]
         md += [""]
     md += ["## Deviations from the paper", "",
-           "See the README section *Faithfulness*: every place where this implementation decides "
+           "See `docs/faithfulness.md` in the repository: every place where this implementation decides "
            "something the paper leaves open, or differs from the authors' code, is listed there.", ""]
     atomic_write_text(out_dir / "README.md", "\n".join(md))
     _write_metrics(out_dir, metrics, verdicts)

@@ -40,7 +40,7 @@ labelled with has m_c = 0); IVF rows with missing hits (id −1) vote and count 
 hits they have (q̂ divides by their number).
 
 `version="v2"` (`pretrain.selection_version`, not the SPEC's): the selection of the
-authors' `utils_noise_v2.py`, which their run scripts also run (README "Faithfulness"):
+authors' `utils_noise_v2.py`, which their run scripts also run (docs/faithfulness.md):
 votes weighted by exp(sim/0.1) in both passes (step 2 and the q̂ and a of steps 3–4), and
 γ (step 7) the β-quantile over V2_PAIRS_PER_MEMBER pairs per member i of T, (i, j) with j
 drawn uniformly, with replacement, from i's class of T (j = i possible): at β = 0 a sample

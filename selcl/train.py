@@ -606,8 +606,8 @@ def sim_recompute_enabled(device) -> bool:
     graphs. Off by default; one process only (under DDP an extra forward would confuse the
     reducer). Never changes a tracked param.
 
-    On CUDA, where the path was meant to pay, it is refused: on an H200 (2026-12-04,
-    bench/results/gpu_notes.md) its benchmark step (47.9 ms) was no faster than the
+    On CUDA, where the path was meant to pay, it is refused: on an H200
+    (bench/results/gpu_real_h200_4/call1_recompute/) its benchmark step (47.9 ms) was no faster than the
     default path's step in real epochs on that machine (47.8 ms), and its one real run
     diverged (L_CLS 10.6 in the first pre-training epoch against 3.9 on the default path,
     the same data and seed; non-finite embeddings two epochs later). On the CPU, where it
@@ -616,7 +616,7 @@ def sim_recompute_enabled(device) -> bool:
     on = env_flag("SELCL_SIM_RECOMPUTE", False) and dist.world_size() == 1
     if on and is_cuda(device):
         raise ConfigError("SELCL_SIM_RECOMPUTE=1 is refused on CUDA: measured no faster than the default "
-                          "step there, and its one run diverged (bench/results/gpu_notes.md, 2026-12-04); "
+                          "step there, and its one run diverged (bench/results/gpu_real_h200_4/call1_recompute/); "
                           "unset it")
     return on
 

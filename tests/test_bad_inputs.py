@@ -1,5 +1,5 @@
 """Bad inputs stop a stage with ONE line naming the key or file, a fixed exit code,
-and nothing already produced under runs/ changed or deleted (README "Troubleshooting").
+and nothing already produced under runs/ changed or deleted (docs/troubleshooting.md).
 
 Each case runs the real stage script's `run` through `common.main` in this process
 (cwd = a tmp folder with its own params.yaml and a copy of real upstream outputs of

@@ -204,7 +204,7 @@ def test_seeds_table_needs_two_seeds_with_both_histories(tmp_path):
 
 @pytest.mark.parametrize("preset", ["asym40", "sym50"])
 def test_the_recorded_seeds_table_is_the_recorded_histories(preset):
-    # bench/results/heldout/<preset>-seeds.md, which cpu_real.md quotes, is heldout_seeds.py's
+    # bench/results/heldout/<preset>-seeds.md, which docs/evidence.md quotes, is heldout_seeds.py's
     # reading of the histories committed beside it: a history added or changed fails this
     r = _seeds(ROOT / "bench" / "results" / "cpu_real_histories" / "heldout_epochs", preset=preset)
     assert r.returncode == 0, r.stderr

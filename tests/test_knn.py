@@ -204,7 +204,7 @@ def near_ties(n=2000, d=128, k=10, n_queries=120, exclude_self=False, seed=0):
 def test_the_kth_neighbour_is_exact_at_float32_near_ties(index, exclude_self):
     """The top-k set is the exact one (float64, ties → lower index) where the k-th and
     (k+1)-th similarities lie closer than float32's error: the same on every BLAS
-    kernel (faiss-cpu's OpenBLAS picks one by CPU; bench/results/cpu_real.md). The
+    kernel (faiss-cpu's OpenBLAS picks one by CPU; docs/evidence.md). The
     planted twins cross the k-th place in about a quarter of the rows."""
     k = 10
     keys, nq = near_ties(k=k, exclude_self=exclude_self)

@@ -351,3 +351,125 @@ def test_the_k_nn_table_gives_the_best_pre_training_epoch_beside_the_final_encod
     params = yaml.safe_load((ROOT / "params.yaml").read_text())
     md, _ = _build(tmp_path, {"cifar100_sym20": resolve(params, "cifar100_sym20")})
     assert "| cifar100_sym20 | 92.00 | — | 90.00 | — | 93.25 (epoch 4) | 75.36 |" in md
+
+
+def test_bold_marks_the_better_of_sel_cl_plus_and_ce(tmp_path, monkeypatch):
+    """The table's bold is the winner's: CE's cell where CE is ahead, both on a tie."""
+    from selcl.report import _bold_better
+    md, _ = _report(tmp_path, monkeypatch, {"demo_sym40": None, "demo_asym40": None},
+                    {"demo_sym40": (94.31, 94.93), "demo_asym40": (90.44, 75.16)})
+    lost, won = _row(md, "demo_sym40"), _row(md, "demo_asym40")
+    assert "**94.93**" in lost and "**94.31**" not in lost and "| 94.31 |" in lost
+    assert "**90.44**" in won and "**75.16**" not in won
+    assert _bold_better(80.001, 79.999) == ("**80.00**", "**80.00**")
+    assert _bold_better(80.0, None) == ("**80.00**", "—")
+
+
+def test_one_verdict_line_per_setting_with_both_budgets(tmp_path, monkeypatch):
+    """'Who won' names won / lost / tied, the gap and both budgets; a gap within twice the
+    spread of the averaged epochs is a tie."""
+    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    names = ["demo_sym40", "demo_asym40", "cpu_cifar10_sym50"]
+    configs = {n: resolve(params, n) for n in names}
+    for n, (ours, ce) in zip(names, [(94.31, 94.93), (90.44, 75.16), (50.0, 60.0)]):
+        fake_run(tmp_path / "runs" / n, selcl_plus=ours, ce=ce)
+        # the last epochs move by ±0.5 around each mean: a band of ±2·hypot(0.5, 0.5) ≈ ±1.58
+        (tmp_path / "runs" / n / "finetune_history.csv").write_text(
+            "epoch,test_acc\n" + "".join(f"{e},{ours + (0.5 if e % 2 else -0.5)}\n" for e in range(1, 7)))
+        (tmp_path / "runs" / n / "baseline_history.csv").write_text(
+            "epoch,test_acc\n" + "".join(f"{e},{ce + (0.5 if e % 2 else -0.5)}\n" for e in range(1, 7)))
+    monkeypatch.chdir(tmp_path)
+    md, _ = _build(tmp_path, configs)
+    section = md.split("## Who won", 1)[1].split("\n## ", 1)[0]
+    lines = [ln for ln in section.splitlines() if ln.startswith("* ")]
+    assert len(lines) == 3
+    sym, asym, cpu = lines
+    assert "**tied** with CE: -0.62 points" in sym and "±1." in sym
+    assert "**won** against CE by 15.28 points" in asym and "90.44 against 75.16" in asym
+    assert "**lost** to CE by 10.00 points" in cpu
+    assert "Sel-CL+ 1 + 20 + 20 = 41 epochs, CE 41 epochs" in asym
+    b = configs["cpu_cifar10_sym50"]
+    w, p, f, c = b["warmup"]["epochs"], b["pretrain"]["epochs"] - b["warmup"]["epochs"], b["finetune"]["epochs"], b["baseline"]["epochs"]
+    assert f"Sel-CL+ {w} + {p} + {f} = {w + p + f} epochs, CE {c} epochs" in cpu
+
+
+def test_the_tie_band_is_the_seeds_spread_when_seeds_are_in_the_report(tmp_path, monkeypatch):
+    """Settings that differ only in model.seed are seeds of one configuration: the band is the
+    spread of their gaps."""
+    seeds = {f"demo_asym40_s{i}": None for i in (1, 2, 3)}
+    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    demo = params["settings"]["demo_asym40"]
+    for n in seeds:
+        seeds[n] = json.loads(json.dumps(demo))
+        seeds[n].setdefault("model", {})["seed"] = int(n[-1])
+    md, _ = _report(tmp_path, monkeypatch, seeds,
+                    {"demo_asym40_s1": (80.0, 79.0), "demo_asym40_s2": (84.0, 79.0), "demo_asym40_s3": (82.0, 79.0)})
+    section = md.split("## Who won", 1)[1].split("\n## ", 1)[0]
+    assert section.count("gap over 3 seeds") == 3
+    # gaps 1, 5, 3: sd 2, so within ±4 is a tie
+    assert "**tied** with CE: +1.00 points" in section and "**won** against CE by 5.00 points" in section
+
+
+def test_uncommitted_flag_only_when_tracked_files_really_differ(tmp_path):
+    """A `dvc exp run -S 'run=[...]'` (make demo) changes `run` and writes dvc.lock and the
+    pipeline's outputs: none of that is an uncommitted change. A params key set with -S is
+    named; an edited source file is flagged."""
+    import subprocess
+    from selcl.report import git_commit
+
+    def git(*a):
+        subprocess.run(["git", *a], cwd=tmp_path, check=True, capture_output=True)
+    git("init", "-q")
+    (tmp_path / "params.yaml").write_text("run: [a]\nsettings:\n  a: {pretrain: {alpha: 0.5}}\n")
+    (tmp_path / "dvc.lock").write_text("x\n")
+    (tmp_path / "reports").mkdir()
+    (tmp_path / "reports" / "metrics.json").write_text("{}\n")
+    (tmp_path / "code.py").write_text("x = 1\n")
+    git("add", ".")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "c")
+    assert git_commit(tmp_path).count("`") == 2                       # a clean checkout: the sha only
+    (tmp_path / "params.yaml").write_text("run: [b]\nsettings:\n  a: {pretrain: {alpha: 0.5}}\n")
+    (tmp_path / "dvc.lock").write_text("y\n")
+    (tmp_path / "reports" / "metrics.json").write_text('{"a": 1}\n')
+    text = git_commit(tmp_path)
+    assert "uncommitted" not in text and "params changed" not in text, text
+    (tmp_path / "params.yaml").write_text("run: [b]\nsettings:\n  a: {pretrain: {alpha: 0.25}}\n")
+    assert "params changed from it (a `dvc exp run -S` experiment): `settings.a.pretrain.alpha`" in git_commit(tmp_path)
+    (tmp_path / "code.py").write_text("x = 2\n")
+    assert "uncommitted changes to tracked files: `code.py`" in git_commit(tmp_path)
+
+
+def test_figures_are_readable(tmp_path, monkeypatch):
+    """Figures at 150 dpi or more, legends in words (not history column names), whole-number
+    epoch ticks."""
+    from PIL import Image
+    import matplotlib
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+    import selcl.report as R
+    axes_seen = []
+    real_close = plt.close
+
+    def keep(fig=None):
+        if fig is not None and hasattr(fig, "axes"):
+            axes_seen.extend(fig.axes)
+        real_close(fig)
+    monkeypatch.setattr(plt, "close", keep)
+    folder = tmp_path / "runs" / "demo_sym40"
+    fake_run(folder, 90.0, 80.0)
+    (folder / "pretrain_history.csv").write_text(
+        "epoch,precision_T,recall_T,n_selected,precision_G,knn_top1,test_acc\n"
+        + "".join(f"{e},0.9,0.8,100,0.9,80,78\n" for e in range(1, 9)))
+    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    _build(tmp_path, {"demo_sym40": resolve(params, "demo_sym40")})
+    figs = sorted((tmp_path / "reports" / "figures").glob("*.png"))
+    assert {p.name for p in figs} >= {"demo_sym40_learning.png", "demo_sym40_accuracy.png"}
+    for p in figs:
+        dpi = Image.open(p).info.get("dpi", (0, 0))
+        assert round(dpi[0]) >= 150, (p.name, dpi)
+    labels = [t for ax in axes_seen if ax.get_legend() for t in (x.get_text() for x in ax.get_legend().get_texts())]
+    assert labels and not any(t in R.LABELS for t in labels), labels     # words, not column names
+    for ax in axes_seen:
+        if "epoch" in ax.get_xlabel():
+            ticks = [t for t in ax.get_xticks() if ax.get_xlim()[0] <= t <= ax.get_xlim()[1]]
+            assert all(float(t).is_integer() for t in ticks), (ax.get_xlabel(), ticks)

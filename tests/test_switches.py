@@ -324,7 +324,7 @@ def test_env_flags_read_on_off_words_and_refuse_a_typo(monkeypatch):
 
 
 def test_sim_recompute_is_refused_on_cuda(monkeypatch):
-    """Measured on an H200 (bench/results/gpu_notes.md, 2026-12-04): no faster, and its one
+    """Measured on an H200 (bench/results/gpu_real_h200_4/call1_recompute/): no faster, and its one
     run diverged. So CUDA refuses it with one clear error before building anything; the
     CPU keeps it (the tests above)."""
     from selcl.errors import ConfigError

@@ -15,7 +15,7 @@ order (true for CIFAR-10 and CIFAR-100: the image-folder loader numbers classes 
 name, and the presets' `asym_map: cifar10` is by class id); otherwise each is prefixed
 with its zero-padded id. Images are encoded with Pillow at `--quality` (default 75,
 4:2:0 chroma subsampling, Pillow's defaults otherwise): the settings of the archive the
-recorded CPU numbers used (bench/results/cpu_real.md), whose JPEG quantisation tables and
+recorded CPU numbers used (docs/evidence.md), whose JPEG quantisation tables and
 headers are Pillow's at quality 75. The tar is deterministic (sorted members, zero mtimes
 and owners), written atomically: a failed run leaves no partial file and no older file
 overwritten.

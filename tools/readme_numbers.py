@@ -66,26 +66,20 @@ def rewrite(readme: Path, text: str) -> str:
 
 
 def record(src: Path, dest: Path = RECORD) -> None:
-    """Copy a demo report folder's metrics and README into the record. Only what a demo
+    """Copy a demo report folder's metrics, figures and README into the record. Only what a demo
     report holds is replaced: other files there (seeds/, the extra seeds' runs) stay. A source
     that is not a finished demo report leaves the record as it was."""
     missing = [p for p in ("metrics", "metrics.json", "README.md") if not (Path(src) / p).exists()]
     if missing:
         raise SystemExit(f"error: {src}: no demo report here (missing {', '.join(missing)}); run `make demo` first")
     shutil.rmtree(dest / "metrics", ignore_errors=True)
+    shutil.rmtree(dest / "figures", ignore_errors=True)
     dest.mkdir(parents=True, exist_ok=True)
     shutil.copytree(src / "metrics", dest / "metrics")
     shutil.copy2(src / "metrics.json", dest / "metrics.json")
-    # figures stay in demo/ (not committed): the record names them instead of linking them
-    (dest / "README.md").write_text(unlink_figures((src / "README.md").read_text()))
-
-
-FIGURE = re.compile(r"!\[([^\]]*)\]\((figures/[^)\s]+)\)")
-
-
-def unlink_figures(md: str) -> str:
-    """A report's figure links as plain text: the record keeps no figures/ folder."""
-    return FIGURE.sub(lambda m: f"*{m.group(1)}: `demo/{m.group(2)}` after `make demo` (not recorded)*", md)
+    if (src / "figures").is_dir():     # the report's figures, so its links resolve in the record
+        shutil.copytree(src / "figures", dest / "figures")
+    shutil.copy2(src / "README.md", dest / "README.md")
 
 
 def main() -> int:
