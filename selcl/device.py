@@ -473,7 +473,7 @@ def cpu_id() -> str:
     AMX, AVX-512 FP16 / BF16) and the per-core L2 that sizes their blocking, e.g. "family 6
     model 167 stepping 1; AVX512 + amx_tile avx512_bf16 avx512_fp16; L2 2048K". Two hosts that
     both call themselves "Intel(R) Xeon(R) Processor" ran the same seed bit for bit until one
-    float rounded differently (bench/results/cpu_real.md): a run records which kind it had."""
+    float rounded differently (docs/evidence.md): a run records which kind it had."""
     fields = _cpuinfo()
     flags = set(fields.get("flags", "").split())
     try:
@@ -493,7 +493,7 @@ def faiss_blas_core() -> str | None:
     "Haswell", …; the environment variable OPENBLAS_CORETYPE overrides it), or None where
     faiss has no such library. Its float32 GEMM computes the flat k-NN search's
     similarities, and kernels round differently: two hosts whose torch kernels agree kept
-    different 25th neighbours of one example at a 1.7e-7 near-tie (bench/results/cpu_real.md,
+    different 25th neighbours of one example at a 1.7e-7 near-tie (docs/evidence.md,
     "One pseudo-label of 2,000")."""
     try:
         import ctypes

@@ -6,7 +6,7 @@ on the same labels.
 
 Why asymmetric: with 40 % *symmetric* noise a CE baseline trained to convergence on
 digits comes within about a point of Sel-CL+ (95.6 vs 94.7 % with the demo's earlier
-31 + 30 / 61-epoch budget, docs/parity.md), so that ordering is not a property
+31 + 30 / 61-epoch budget), so that ordering is not a property
 to assert; systematic flips are where CE memorises the noise and the selection pays
 (75 vs 94 % at that budget)."""
 from __future__ import annotations
