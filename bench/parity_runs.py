@@ -68,10 +68,10 @@ def materialise(root: Path, setting: str, rev: str) -> Path:
                  f"runs/{setting}/pretrain.pt"):
         with dvc.api.open(path, repo=str(root), rev=rev, mode="rb") as f:
             (out / Path(path).name).write_bytes(f.read())
-    try:       # the setting's own file (settings/<name>.yaml); older revisions had it inline
-        with dvc.api.open(f"settings/{setting}.yaml", repo=str(root), rev=rev, mode="rb") as f:
-            (out / "settings").mkdir()
-            (out / "settings" / f"{setting}.yaml").write_bytes(f.read())
+    try:       # the setting's own file (params/<name>.yaml); older revisions had it inline
+        with dvc.api.open(f"params/{setting}.yaml", repo=str(root), rev=rev, mode="rb") as f:
+            (out / "params").mkdir()
+            (out / "params" / f"{setting}.yaml").write_bytes(f.read())
     except FileNotFoundError:
         pass
     return out

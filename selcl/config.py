@@ -1,7 +1,7 @@
-"""params.yaml and settings/: load, merge a setting over `defaults`, and validate before any work.
+"""params.yaml and params/: load, merge a setting over `defaults`, and validate before any work.
 
-params.yaml holds `run` and `suites`; each setting is its own file, settings/<name>.yaml,
-which writes every key of every section (so `dvc exp run -S settings/<name>.yaml:k=v`
+params.yaml holds `run` and `suites`; each setting is its own file, params/<name>.yaml,
+which writes every key of every section (so `dvc exp run -S params/<name>.yaml:k=v`
 needs no `++`, and `dvc params diff` shows values). `defaults` (selcl/defaults.yaml, the
 paper's values) is the base a setting given inline in params.yaml is merged over (the
 tests write small settings that way): a setting's config is `defaults.<section>` updated
@@ -128,7 +128,7 @@ SCHEMA: dict[str, dict[str, tuple]] = {
 }
 TOP_KEYS = ("run", "suites", "defaults", "settings")
 DEFAULTS_FILE = Path(__file__).with_name("defaults.yaml")
-SETTINGS_DIR = "settings"     # beside params.yaml: one <name>.yaml per setting
+SETTINGS_DIR = "params"       # beside params.yaml: one <name>.yaml per setting
 
 
 def _did_you_mean(key: str, options) -> str:
@@ -178,7 +178,7 @@ def _read_yaml(path: Path):
 
 def load_params(path: str | Path = "params.yaml") -> dict:
     """params.yaml with `defaults` (selcl/defaults.yaml unless the file gives its own) and
-    `settings`: those given inline plus one per settings/<name>.yaml beside it."""
+    `settings`: those given inline plus one per params/<name>.yaml beside it."""
     path = Path(path)
     if not path.exists():
         raise ConfigError(f"{path}: parameter file not found (run from the repository root)")

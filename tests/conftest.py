@@ -60,7 +60,7 @@ TINY = {
 
 
 def repo_params() -> dict:
-    """params.yaml with `defaults` (selcl/defaults.yaml) and every settings/<name>.yaml."""
+    """params.yaml with `defaults` (selcl/defaults.yaml) and every params/<name>.yaml."""
     from selcl.config import load_params
     return load_params(ROOT / "params.yaml")
 

@@ -72,8 +72,8 @@ def test_per_setting_stages_depend_on_exactly_their_params():
     only when a key it reads changes."""
     from selcl.stage_params import READS
     stages = load_dvc()["stages"]
-    assert stages["config"]["do"]["params"] == [{"settings/${item}.yaml": None}]
-    assert load_dvc()["params"] == ["settings"]   # every setting's values in `dvc params diff`
+    assert stages["config"]["do"]["params"] == [{"params/${item}.yaml": None}]
+    assert load_dvc()["params"] == ["params"]   # every setting's values in `dvc params diff`
     for name in READS:
         do = stages[name]["do"]
         assert "params" not in do, f"{name} must not track params.yaml directly"

@@ -1,4 +1,4 @@
-"""params.yaml and settings/: every committed setting writes every key (so `dvc exp run -S`
+"""params.yaml and params/: every committed setting writes every key (so `dvc exp run -S`
 needs no `++`), a setting given inline still means "defaults + what it writes", no path
 outside the repository, and in the demo and CPU presets the CE baseline trains as many
 epochs as Sel-CL+ in all, and in the paper suite it follows DivideMix's stated recipe."""
@@ -22,16 +22,16 @@ def params() -> dict:
 
 
 def test_every_committed_setting_writes_every_key():
-    """`dvc exp run -S settings/<name>.yaml:<section>.<key>=...` needs the key to exist (Hydra
+    """`dvc exp run -S params/<name>.yaml:<section>.<key>=...` needs the key to exist (Hydra
     refuses to add one without `++`), so each settings file is complete, in the order of selcl/defaults.yaml."""
     p = params()
-    files = sorted(f.stem for f in (ROOT / "settings").glob("*.yaml"))
+    files = sorted(f.stem for f in (ROOT / "params").glob("*.yaml"))
     assert files == sorted(p["settings"]) and set(p["run"]) <= set(files)
     for name in files:
-        raw = yaml.safe_load((ROOT / "settings" / f"{name}.yaml").read_text())
+        raw = yaml.safe_load((ROOT / "params" / f"{name}.yaml").read_text())
         assert list(raw) == list(SECTIONS), name
         for section in SECTIONS:
-            assert list(raw[section]) == list(p["defaults"][section]), f"settings/{name}.yaml: {section}"
+            assert list(raw[section]) == list(p["defaults"][section]), f"params/{name}.yaml: {section}"
     raw_params = yaml.safe_load((ROOT / "params.yaml").read_text())
     assert set(raw_params) == {"run", "suites"}, "params.yaml: run and suites only (defaults: selcl/defaults.yaml)"
 
@@ -43,13 +43,13 @@ def test_differences_name_what_a_setting_changes():
 
 
 def test_a_setting_in_two_places_is_one_line_error(tmp_path):
-    (tmp_path / "settings").mkdir()
-    (tmp_path / "settings" / "a.yaml").write_text("noise: {rate: 0.1}\n")
+    (tmp_path / "params").mkdir()
+    (tmp_path / "params" / "a.yaml").write_text("noise: {rate: 0.1}\n")
     (tmp_path / "params.yaml").write_text("run: [a]\nsuites: {}\nsettings: {a: {noise: {rate: 0.2}}}\n")
     with pytest.raises(ConfigError, match=r"settings\.a: given both in .*params\.yaml and in .*a\.yaml"):
         load_params(tmp_path / "params.yaml")
     (tmp_path / "params.yaml").write_text("run: [a]\nsuites: {}\n")
-    (tmp_path / "settings" / "a.yaml").write_text("pretrain: {alpha: 1.5}\n")
+    (tmp_path / "params" / "a.yaml").write_text("pretrain: {alpha: 1.5}\n")
     with pytest.raises(ConfigError, match=r"settings\.a\.pretrain\.alpha = 1\.5: must be in \[0, 1\]"):
         validate(load_params(tmp_path / "params.yaml"))
 
@@ -69,7 +69,7 @@ def test_missing_section_means_no_change():
 
 
 def test_no_path_outside_the_repository():
-    for path in [ROOT / "params.yaml", ROOT / "README.md", *sorted((ROOT / "settings").glob("*.yaml"))]:
+    for path in [ROOT / "params.yaml", ROOT / "README.md", *sorted((ROOT / "params").glob("*.yaml"))]:
         name, text = path.name, path.read_text()
         # data paths: inside the repository, or passed as an override (README)
         assert "../" not in text and "shared/" not in text, name
