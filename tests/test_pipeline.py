@@ -154,14 +154,17 @@ def test_one_short_line_changes_alpha_of_one_setting(repo):
 
 def test_diffs_show_the_values_that_changed(repo):
     """`dvc exp diff` / `dvc params diff` between the demo and the α experiment: the two values
-    of the one key that changed, in the one setting that changed."""
+    of α (not a file hash) in the one setting that ran in both; the demo's other setting, which
+    the α experiment did not run, shows as values against `-`."""
     alpha = re.compile(r"^runs/demo_sym40/config/pretrain\.json\s+pretrain\.alpha\s+0\.5\s+0\.25\b", re.MULTILINE)
-    out = sh(["dvc", "exp", "diff", "demo", "alpha25"], repo).stdout
-    assert alpha.search(out), out
-    assert "demo_asym40" not in out and "sha256" not in out, out
     demo, a25 = (experiment_commit(n, repo) for n in ("demo", "alpha25"))
-    out = sh(["dvc", "params", "diff", demo, a25], repo).stdout
-    assert alpha.search(out) and "demo_asym40" not in out, out
+    for out in (sh(["dvc", "exp", "diff", "demo", "alpha25"], repo).stdout,
+                sh(["dvc", "params", "diff", demo, a25], repo).stdout):
+        assert alpha.search(out), out
+        assert not re.search(r"\b[0-9a-f]{32}\b", out), out                 # values, not hashes
+        changed = [ln.split()[:2] for ln in out.splitlines() if ln.startswith("runs/demo_sym40/")]
+        assert {p for _, p in changed} == {"pretrain.alpha"}, changed      # pretrain's and finetune's
+        assert all(re.search(r"\s-\s", ln) for ln in out.splitlines() if ln.startswith("runs/demo_asym40/")), out
 
 
 def test_exp_show_puts_the_headline_metrics_first(repo):
