@@ -177,6 +177,11 @@ def test_exp_show_puts_the_headline_metrics_first(repo):
             assert f"{name}.{key}" in header, (name, key, header)
     cols = next(csv.reader(io.StringIO(sh(["dvc", "exp", "show", "--only-changed", "--csv"], repo).stdout)))
     assert {"demo_sym40.Sel-CL+", "run", "runs/demo_sym40/config/pretrain.json:pretrain.alpha"} <= set(cols), cols
+    # docs/experiments.md's table of a sweep: the headline metrics, `run` and the swept key
+    sweep = ["dvc", "exp", "show", "--only-changed", "--drop", ".*/", "--keep", ".*pretrain.json:pretrain.alpha"]
+    cols = next(csv.reader(io.StringIO(sh([*sweep, "--csv"], repo).stdout)))
+    shown = [c for c in cols if c not in ("rev", "typ")]      # the table merges these into Experiment
+    assert len(shown) <= 15 and "runs/demo_sym40/config/pretrain.json:pretrain.alpha" in shown, shown
 
 
 def test_fresh_repro_builds_the_report(applied):
@@ -203,7 +208,8 @@ def test_plots_render_without_errors(applied):
     """`dvc plots show` and `dvc plots diff demo` draw every declared plot (each setting's
     Fig. 3 and the accuracy of Sel-CL+ against CE) and report no file they failed to load."""
     repo = applied
-    for cmd in (["dvc", "plots", "show", "--json"], ["dvc", "plots", "diff", "demo", "--json"]):
+    for cmd in (["dvc", "plots", "show", "--json"], ["dvc", "plots", "diff", "demo", "--json"],
+                ["dvc", "plots", "diff", "demo", "alpha25", "--json"]):
         proc = sh(cmd, repo)
         assert "failed" not in proc.stderr.lower() and "error" not in proc.stderr.lower(), proc.stderr
         plots = json.loads(proc.stdout)
