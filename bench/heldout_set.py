@@ -9,7 +9,7 @@ through `data.extra_test_path` (the second test set WebVision-50 uses for ILSVRC
     python bench/heldout_set.py data/cifar10-jpeg.tar.gz --subset-test 300 \\
         --out data/cifar10-heldout.tar.gz
     dvc exp run -S 'run=[cpu_cifar10_asym40]' \\
-        -S settings.cpu_cifar10_asym40.data.extra_test_path=data/cifar10-heldout.tar.gz
+        -S params/cpu_cifar10_asym40.yaml:data.extra_test_path=data/cifar10-heldout.tar.gz
 
 `runs/<setting>/{finetune,baseline}_history.csv` then carry `test2_acc` beside `test_acc`
 for every epoch, and the stages' json the held-out mean of the last epochs

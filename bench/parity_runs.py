@@ -68,6 +68,12 @@ def materialise(root: Path, setting: str, rev: str) -> Path:
                  f"runs/{setting}/pretrain.pt"):
         with dvc.api.open(path, repo=str(root), rev=rev, mode="rb") as f:
             (out / Path(path).name).write_bytes(f.read())
+    try:       # the setting's own file (params/<name>.yaml); older revisions had it inline
+        with dvc.api.open(f"params/{setting}.yaml", repo=str(root), rev=rev, mode="rb") as f:
+            (out / "params").mkdir()
+            (out / "params" / f"{setting}.yaml").write_bytes(f.read())
+    except FileNotFoundError:
+        pass
     return out
 
 

@@ -1,7 +1,11 @@
-"""params.yaml: load, merge a setting over `defaults`, and validate before any work.
+"""params.yaml and params/: load, merge a setting over `defaults`, and validate before any work.
 
-A setting's config is `defaults.<section>` updated by `settings.<name>.<section>`
-for each section (data, noise, model, warmup, pretrain, finetune, evaluate,
+params.yaml holds `run` and `suites`; each setting is its own file, params/<name>.yaml,
+which writes every key of every section (so `dvc exp run -S params/<name>.yaml:k=v`
+needs no `++`, and `dvc params diff` shows values). `defaults` (selcl/defaults.yaml, the
+paper's values) is the base a setting given inline in params.yaml is merged over (the
+tests write small settings that way): a setting's config is `defaults.<section>` updated
+by `settings.<name>.<section>` for each section (data, noise, model, warmup, pretrain, finetune, evaluate,
 baseline); a section or key the setting does not write keeps its default. Validation is
 strict: unknown keys are rejected with a "did you mean",
 types follow the schema below, ranges (α, β, rates in [0, 1]; K ≥ 1; epochs ≥ 1)
@@ -123,6 +127,8 @@ SCHEMA: dict[str, dict[str, tuple]] = {
     },
 }
 TOP_KEYS = ("run", "suites", "defaults", "settings")
+DEFAULTS_FILE = Path(__file__).with_name("defaults.yaml")
+SETTINGS_DIR = "params"       # beside params.yaml: one <name>.yaml per setting
 
 
 def _did_you_mean(key: str, options) -> str:
@@ -162,17 +168,33 @@ def _check_section(where: str, section: str, values: dict, *, complete: bool) ->
             raise ConfigError(f"{where}: missing key(s) {', '.join(missing)}")
 
 
-def load_params(path: str | Path = "params.yaml") -> dict:
-    path = Path(path)
-    if not path.exists():
-        raise ConfigError(f"{path}: parameter file not found (run from the repository root)")
+def _read_yaml(path: Path):
     try:
-        params = yaml.safe_load(path.read_text())
+        return yaml.safe_load(path.read_text())
     except yaml.YAMLError as exc:
         # PyYAML's message spans several lines; a stage reports exactly one.
         raise ConfigError(f"{path}: not valid YAML: {' '.join(str(exc).split())}") from None
+
+
+def load_params(path: str | Path = "params.yaml") -> dict:
+    """params.yaml with `defaults` (selcl/defaults.yaml unless the file gives its own) and
+    `settings`: those given inline plus one per params/<name>.yaml beside it."""
+    path = Path(path)
+    if not path.exists():
+        raise ConfigError(f"{path}: parameter file not found (run from the repository root)")
+    params = _read_yaml(path)
     if not isinstance(params, dict):
         raise ConfigError(f"{path}: expected a mapping at the top level")
+    if "defaults" not in params:
+        params["defaults"] = _read_yaml(DEFAULTS_FILE)
+    settings = params.get("settings")
+    if settings is None:
+        settings = params["settings"] = {}
+    folder = path.parent / SETTINGS_DIR
+    for file in sorted(folder.glob("*.yaml")) if isinstance(settings, dict) else []:
+        if file.stem in settings:
+            raise ConfigError(f"settings.{file.stem}: given both in {path} and in {file}: keep one")
+        settings[file.stem] = _read_yaml(file)
     return params
 
 
@@ -306,3 +328,19 @@ def load_setting(name: str, path: str | Path = "params.yaml", sections=None) -> 
     _validate_structure(params)
     validate_setting(params, name)
     return resolve(params, name, validated=True)
+
+
+def differences(params: dict, name: str) -> list[str]:
+    """`section.key = value` for each key where setting `name` differs from `defaults`."""
+    cfg = resolve(params, name)
+    return [f"{s}.{k} = {v!r}" for s in SECTIONS for k, v in cfg[s].items() if v != params["defaults"][s][k]]
+
+
+if __name__ == "__main__":      # python -m selcl.config diff <setting>
+    import sys
+    if len(sys.argv) != 3 or sys.argv[1] != "diff":
+        sys.exit("usage: python -m selcl.config diff <setting>")
+    try:
+        print("\n".join(differences(load_params(), sys.argv[2])) or "(the defaults)")
+    except ConfigError as exc:
+        sys.exit(f"error: {' '.join(str(exc).split())}")

@@ -60,7 +60,9 @@ TINY = {
 
 
 def repo_params() -> dict:
-    return yaml.safe_load((ROOT / "params.yaml").read_text())
+    """params.yaml with `defaults` (selcl/defaults.yaml) and every params/<name>.yaml."""
+    from selcl.config import load_params
+    return load_params(ROOT / "params.yaml")
 
 
 def tiny_params_dict(**overrides) -> dict:

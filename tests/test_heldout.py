@@ -17,6 +17,7 @@ from PIL import Image
 
 from selcl import checkpoint
 from selcl.augment import eval_view
+from selcl.config import load_params
 from selcl.data import load_dataset, save_arrays, sha256_file
 from selcl.evaluate import embed
 from selcl.train import make_model
@@ -56,7 +57,7 @@ def _setup(tmp_path: Path) -> tuple[Path, Path, Path]:
     a CE checkpoint, and params.yaml with the setting `t`: three networks trained a few
     steps each, so that they hit different images."""
     tar = _archive(tmp_path / "imgs")
-    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    params = load_params(ROOT / "params.yaml")
     params["settings"]["t"] = {"data": {"dataset": "imagefolder", "path": str(tar), "subset": PER_CLASS["train"],
                                         "subset_test": SEEN}, "model": MODEL}
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))

@@ -1,7 +1,7 @@
-"""params.yaml as the issue asks: settings write only what differs from `defaults`
-(a missing section means "no change"), no path outside the repository, and in the
-demo and CPU presets the CE baseline trains as many epochs as Sel-CL+ in all, and in the
-paper suite it follows DivideMix's stated recipe."""
+"""params.yaml and params/: every committed setting writes every key (so `dvc exp run -S`
+needs no `++`), a setting given inline still means "defaults + what it writes", no path
+outside the repository, and in the demo and CPU presets the CE baseline trains as many
+epochs as Sel-CL+ in all, and in the paper suite it follows DivideMix's stated recipe."""
 from __future__ import annotations
 
 import copy
@@ -10,22 +10,48 @@ from pathlib import Path
 
 import yaml
 
-from selcl.config import SECTIONS, resolve, validate
+import pytest
+
+from selcl.config import SECTIONS, ConfigError, differences, load_params, resolve, validate
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def params() -> dict:
-    return yaml.safe_load((ROOT / "params.yaml").read_text())
+    return load_params(ROOT / "params.yaml")
 
 
-def test_settings_write_only_what_differs_from_defaults():
+def test_every_committed_setting_writes_every_key():
+    """`dvc exp run -S params/<name>.yaml:<section>.<key>=...` needs the key to exist (Hydra
+    refuses to add one without `++`), so each settings file is complete, in the order of selcl/defaults.yaml."""
     p = params()
-    for name, setting in p["settings"].items():
-        for section, values in (setting or {}).items():
-            for key, value in (values or {}).items():
-                assert value != p["defaults"][section][key], \
-                    f"settings.{name}.{section}.{key} = {value!r} repeats the default"
+    files = sorted(f.stem for f in (ROOT / "params").glob("*.yaml"))
+    assert files == sorted(p["settings"]) and set(p["run"]) <= set(files)
+    for name in files:
+        raw = yaml.safe_load((ROOT / "params" / f"{name}.yaml").read_text())
+        assert list(raw) == list(SECTIONS), name
+        for section in SECTIONS:
+            assert list(raw[section]) == list(p["defaults"][section]), f"params/{name}.yaml: {section}"
+    raw_params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    assert set(raw_params) == {"run", "suites"}, "params.yaml: run and suites only (defaults: selcl/defaults.yaml)"
+
+
+def test_differences_name_what_a_setting_changes():
+    p = params()
+    assert differences(p, "cifar10_sym20") == ["noise.rate = 0.2"]
+    assert "pretrain.alpha = 0.75" in differences(p, "cifar100_sym50")
+
+
+def test_a_setting_in_two_places_is_one_line_error(tmp_path):
+    (tmp_path / "params").mkdir()
+    (tmp_path / "params" / "a.yaml").write_text("noise: {rate: 0.1}\n")
+    (tmp_path / "params.yaml").write_text("run: [a]\nsuites: {}\nsettings: {a: {noise: {rate: 0.2}}}\n")
+    with pytest.raises(ConfigError, match=r"settings\.a: given both in .*params\.yaml and in .*a\.yaml"):
+        load_params(tmp_path / "params.yaml")
+    (tmp_path / "params.yaml").write_text("run: [a]\nsuites: {}\n")
+    (tmp_path / "params" / "a.yaml").write_text("pretrain: {alpha: 1.5}\n")
+    with pytest.raises(ConfigError, match=r"settings\.a\.pretrain\.alpha = 1\.5: must be in \[0, 1\]"):
+        validate(load_params(tmp_path / "params.yaml"))
 
 
 def test_missing_section_means_no_change():
@@ -43,8 +69,8 @@ def test_missing_section_means_no_change():
 
 
 def test_no_path_outside_the_repository():
-    for name in ("params.yaml", "README.md"):
-        text = (ROOT / name).read_text()
+    for path in [ROOT / "params.yaml", ROOT / "README.md", *sorted((ROOT / "params").glob("*.yaml"))]:
+        name, text = path.name, path.read_text()
         # data paths: inside the repository, or passed as an override (README)
         assert "../" not in text and "shared/" not in text, name
         assert not re.search(r"(^|[\s'\"=(])/(work|home|mnt|data)/", text), name

@@ -216,13 +216,18 @@ def test_an_older_experiments_params_get_the_keys_added_since():
     nothing the experiment set is changed."""
     import importlib.util
 
-    import yaml
-    from selcl.config import resolve
+    import copy
+
+    from selcl.config import load_params, resolve
     spec = importlib.util.spec_from_file_location("parity_runs", ROOT / "bench" / "parity_runs.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    today = yaml.safe_load((ROOT / "params.yaml").read_text())
-    old = yaml.safe_load((ROOT / "params.yaml").read_text())
+    today = load_params(ROOT / "params.yaml")
+    # an older params.yaml: the setting inline, writing only what differs from its `defaults`
+    now = resolve(today, "cpu_cifar10_asym40")
+    sparse = {s: {k: v for k, v in now[s].items() if v != today["defaults"][s][k]} for s in today["defaults"]}
+    old = {"run": ["cpu_cifar10_asym40"], "suites": {}, "defaults": copy.deepcopy(today["defaults"]),
+           "settings": {"cpu_cifar10_asym40": sparse}}
     del old["defaults"]["model"]["bn_replicas"]
     old["defaults"]["model"]["seed"] = 7
     assert "bn_replicas" not in resolve(old, "cpu_cifar10_asym40")["model"]   # make_model would fail

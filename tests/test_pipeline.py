@@ -11,9 +11,12 @@ fine-tuning params never rerun pre-training; a changed label in a noise file rer
 """
 from __future__ import annotations
 
+import csv
+import io
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -50,13 +53,15 @@ def sh(cmd: list[str], cwd: Path, check: bool = True) -> subprocess.CompletedPro
     return proc
 
 
-def tiny_params(path: Path) -> None:
-    """Shrink the demo settings; `run` stays the committed (paper) suite."""
-    params = yaml.safe_load(path.read_text())
+def tiny_params(root: Path) -> None:
+    """Shrink the demo settings (params/<name>.yaml); `run` stays the committed (paper) suite."""
+    params = yaml.safe_load((root / "params.yaml").read_text())
     for name in params["suites"]["demo"]:
+        path = root / "params" / f"{name}.yaml"
+        setting = yaml.safe_load(path.read_text())
         for section, values in TINY.items():
-            params["settings"][name].setdefault(section, {}).update(values)
-    path.write_text(yaml.safe_dump(params, sort_keys=False))
+            setting[section].update(values)
+        path.write_text(yaml.safe_dump(setting, sort_keys=False))
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +73,7 @@ def repo(tmp_path_factory) -> Path:
         if (ROOT / rel).is_file():
             (dst / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(ROOT / rel, dst / rel)
-    tiny_params(dst / "params.yaml")
+    tiny_params(dst)
     sh(["git", "init", "-q"], dst)
     sh(["git", "add", "-A"], dst)
     sh(["git", "commit", "-qm", "tiny"], dst)
@@ -82,6 +87,12 @@ def applied(repo) -> Path:
     """The demo experiment brought into the workspace (`dvc exp apply demo`)."""
     sh(["dvc", "exp", "apply", "demo"], repo)
     return repo
+
+
+def experiment_commit(name: str, repo: Path) -> str:
+    sys.path.insert(0, str(ROOT / "tools"))
+    import demo
+    return demo.experiment_commit(name, repo)
 
 
 def ran_stages(output: str) -> set[str]:
@@ -101,9 +112,9 @@ def status(repo: Path) -> dict:
 
 
 def set_param(repo: Path, setting: str, section: str, key: str, value) -> None:
-    path = repo / "params.yaml"
+    path = repo / "params" / f"{setting}.yaml"
     params = yaml.safe_load(path.read_text())
-    params["settings"][setting].setdefault(section, {})[key] = value
+    params[section][key] = value
     path.write_text(yaml.safe_dump(params, sort_keys=False))
 
 
@@ -119,10 +130,58 @@ def test_demo_leaves_the_workspace_as_committed(repo):
     assert {"demo", "demo-demo_sym40", "demo-demo_asym40"} <= set(exps)   # side by side, then the suite
     log = (repo.parent / "demo.log").read_text()
     assert "dvc queue start -j 2" in log
+    assert "WARNING" not in log and "ERROR" not in log, [ln for ln in log.splitlines() if "WARNING" in ln][:5]
     # the suite's experiment restored every training stage from the side-by-side runs
     suite_log = log.split("dvc exp run --temp", 1)[1]
     assert "Running stage 'pretrain@" not in suite_log and "Running stage 'report'" in suite_log
     assert not (repo / "scratch").exists() or not any((repo / "scratch").rglob("*.pt"))
+
+
+# The issue's first core task, as a user types it: one setting's α, only that setting run.
+ALPHA_LINE = "dvc exp run -S 'run=[demo_sym40]' -S params/demo_sym40.yaml:pretrain.alpha=0.25"
+
+
+def test_one_short_line_changes_alpha_of_one_setting(repo):
+    """≤ 80 characters, no `++`; it trains only demo_sym40's pre-training and what follows
+    (its data, noise, warm-up and CE come from the demo's run-cache). `--temp -n alpha25`
+    keep this module's workspace as the demo left it."""
+    assert len(ALPHA_LINE) <= 80 and "++" not in ALPHA_LINE
+    out = sh([*shlex.split(ALPHA_LINE), "--temp", "-n", "alpha25"], repo).stdout
+    assert ran_stages(out) == {"pretrain@demo_sym40", "finetune@demo_sym40", "evaluate@demo_sym40",
+                               "report"}, out
+    assert sh(["git", "status", "--porcelain"], repo).stdout == ""
+
+
+def test_diffs_show_the_values_that_changed(repo):
+    """`dvc exp diff` / `dvc params diff` between the demo and the α experiment: the two values
+    of α (not a file hash) in the one setting that ran in both; the demo's other setting, which
+    the α experiment did not run, shows as values against `-`."""
+    alpha = re.compile(r"^runs/demo_sym40/config/pretrain\.json\s+pretrain\.alpha\s+0\.5\s+0\.25\b", re.MULTILINE)
+    demo, a25 = (experiment_commit(n, repo) for n in ("demo", "alpha25"))
+    for out in (sh(["dvc", "exp", "diff", "demo", "alpha25"], repo).stdout,
+                sh(["dvc", "params", "diff", demo, a25], repo).stdout):
+        assert alpha.search(out), out
+        assert not re.search(r"\b[0-9a-f]{32}\b", out), out                 # values, not hashes
+        changed = [ln.split()[:2] for ln in out.splitlines() if ln.startswith("runs/demo_sym40/")]
+        assert {p for _, p in changed} == {"pretrain.alpha"}, changed      # pretrain's and finetune's
+        assert all(re.search(r"\s-(\s|$)", ln) for ln in out.splitlines() if ln.startswith("runs/demo_asym40/")), out
+
+
+def test_exp_show_puts_the_headline_metrics_first(repo):
+    """No flags: Sel-CL+, CE and the precision of T of each setting within the first 200
+    characters of the header; `--only-changed` lists the metrics, `run` and α."""
+    table = sh(["dvc", "exp", "show"], repo).stdout
+    header = next(line for line in table.splitlines() if "Experiment" in line)[:200]
+    for name in ("demo_sym40", "demo_asym40"):
+        for key in ("Sel-CL+", "CE", "precision_T"):
+            assert f"{name}.{key}" in header, (name, key, header)
+    cols = next(csv.reader(io.StringIO(sh(["dvc", "exp", "show", "--only-changed", "--csv"], repo).stdout)))
+    assert {"demo_sym40.Sel-CL+", "run", "runs/demo_sym40/config/pretrain.json:pretrain.alpha"} <= set(cols), cols
+    # docs/experiments.md's table of a sweep: the headline metrics, `run` and the swept key
+    sweep = ["dvc", "exp", "show", "--only-changed", "--drop", ".*/", "--keep", ".*pretrain.json:pretrain.alpha"]
+    cols = next(csv.reader(io.StringIO(sh([*sweep, "--csv"], repo).stdout)))
+    shown = [c for c in cols if c not in ("rev", "typ")]      # the table merges these into Experiment
+    assert len(shown) <= 15 and "runs/demo_sym40/config/pretrain.json:pretrain.alpha" in shown, shown
 
 
 def test_fresh_repro_builds_the_report(applied):
@@ -138,7 +197,36 @@ def test_fresh_repro_builds_the_report(applied):
         assert 0 <= metrics["selcl_plus"] <= 100
         assert all(isinstance(v, (int, float)) for v in metrics.values())
     assert set(json.loads((repo / "reports" / "metrics.json").read_text())) == {"mean_gain_over_ce", "min_gain_over_ce"}
+    # the DVC metrics file: Sel-CL+, CE, precision of T per setting, then the suite's gain
+    headline = json.loads((repo / "reports" / "headline.json").read_text())
+    assert list(headline) == ["demo_sym40", "demo_asym40"]
+    assert list(headline["demo_sym40"]) == ["Sel-CL+", "CE", "precision_T"]
     assert "budget" in report and "1 + 1 + 2 = 4 / 2" in report    # every accuracy with its epochs (pretrain.epochs = 2 in all, warm-up 1)
+
+
+def test_plots_render_without_errors(applied):
+    """`dvc plots show` and `dvc plots diff demo` draw every declared plot (each setting's
+    Fig. 3 and the accuracy of Sel-CL+ against CE) and report no file they failed to load."""
+    repo = applied
+    for cmd in (["dvc", "plots", "show", "--json"], ["dvc", "plots", "diff", "demo", "--json"],
+                ["dvc", "plots", "diff", "demo", "alpha25", "--json"]):
+        proc = sh(cmd, repo)
+        assert "failed" not in proc.stderr.lower() and "error" not in proc.stderr.lower(), proc.stderr
+        plots = json.loads(proc.stdout)
+        assert not plots.get("errors"), plots.get("errors")
+        drawn = " ".join(plots["data"])
+        for name in ("demo_sym40", "demo_asym40"):
+            assert f"runs/{name}/pretrain_history.csv" in drawn, drawn
+        assert "plots/accuracy" in drawn, drawn
+
+
+def test_dag_of_one_setting_fits_120_columns(applied):
+    """The stages of one setting as a mermaid flowchart (`dvc dag --md`, which GitHub draws):
+    text a reader can follow, unlike the ASCII drawing whose edges from `config` fan out."""
+    out = sh(["dvc", "dag", "--md", "finetune@demo_sym40"], applied).stdout
+    assert max(map(len, out.splitlines())) <= 120, out
+    for stage in ("config", "data", "noise", "warmup", "pretrain", "finetune"):
+        assert f"{stage}@demo_sym40" in out, out
 
 
 def test_status_clean_and_second_repro_reruns_nothing(applied):
@@ -150,10 +238,13 @@ def test_status_clean_and_second_repro_reruns_nothing(applied):
 
 def test_alpha_reruns_exactly_that_settings_training(applied):
     repo = applied
-    set_param(repo, "demo_sym40", "pretrain", "alpha", 0.25)
+    set_param(repo, "demo_sym40", "pretrain", "alpha", 0.3)     # 0.25 ran above (alpha25)
     out = sh(["dvc", "repro"], repo).stdout
-    assert ran_stages(out) == {"pretrain@demo_sym40", "finetune@demo_sym40", "evaluate@demo_sym40",
-                               "report"}, out
+    assert {"pretrain@demo_sym40", "finetune@demo_sym40", "report"} <= ran_stages(out), out
+    # evaluate reads pretrain.pt, not α: a tiny run whose selection α does not move gives the
+    # same encoder, and DVC restores the evaluation it already has (`is cached`)
+    assert ran_stages(out) | restored_stages(out) == {"pretrain@demo_sym40", "finetune@demo_sym40",
+                                                      "evaluate@demo_sym40", "report"}, out
     assert status(repo) == {}
 
 
@@ -205,10 +296,8 @@ def test_changed_label_file_reruns_noise(applied):
     out = sh(["dvc", "repro", "-s", "config@demo_sym40", "noise@demo_sym40"], repo).stdout
     assert ran_stages(out) == set(), out                  # file unchanged since: nothing reruns
     # back to the committed noise for the experiments below (data/ is not in git)
-    path = repo / "params.yaml"
-    params = yaml.safe_load(path.read_text())
-    params["settings"]["demo_sym40"]["noise"] = {"rate": 0.4}
-    path.write_text(yaml.safe_dump(params, sort_keys=False))
+    set_param(repo, "demo_sym40", "noise", "kind", "sym")
+    set_param(repo, "demo_sym40", "noise", "file", None)
     sh(["dvc", "repro"], repo)
     assert status(repo) == {}
 
@@ -234,7 +323,7 @@ def test_three_queued_experiments_two_workers(applied):
     sh(["git", "commit", "-qm", "baseline results"], repo)
     alphas = (0.25, 0.5, 0.75)
     for a in alphas:
-        sh(["dvc", "exp", "run", "--queue", "-S", f"++settings.demo_sym40.pretrain.alpha={a}",
+        sh(["dvc", "exp", "run", "--queue", "-S", f"params/demo_sym40.yaml:pretrain.alpha={a}",
             "-S", "run=[demo_sym40]"], repo)
     sh(["dvc", "queue", "start", "-j", "2"], repo)
     deadline = time.time() + 300
@@ -252,15 +341,15 @@ def test_three_queued_experiments_two_workers(applied):
     show = json.loads(sh(["dvc", "exp", "show", "--json"], repo).stdout)
     seen = {}
     for exp in _iter_exps(show):
-        params = exp.get("params", {}).get("params.yaml", {}).get("data", {})
-        alpha = params.get("settings", {}).get("demo_sym40", {}).get("pretrain", {}).get("alpha")
-        metrics = {k: v for k, v in exp.get("metrics", {}).items() if k.startswith("reports/metrics/")}
+        params = exp.get("params", {}).get("runs/demo_sym40/config/pretrain.json", {}).get("data", {})
+        alpha = params.get("pretrain", {}).get("alpha")
+        metrics = exp.get("metrics", {}).get("reports/headline.json", {}).get("data", {})
         if alpha in alphas and metrics:
             seen[alpha] = metrics
     assert set(seen) == set(alphas), json.dumps(show)[:2000]
     for alpha, metrics in seen.items():
         # each experiment's own run list, not mixed
-        assert set(metrics) == {"reports/metrics/demo_sym40.json"}, metrics
+        assert set(metrics) == {"demo_sym40"}, metrics
 
 
 def test_crossover_queues_scaled_budgets_and_collects_a_table(applied):

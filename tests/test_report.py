@@ -9,9 +9,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import yaml
 
-from selcl.config import resolve
+from selcl.config import load_params, resolve
 from selcl.report import accuracy_plot_rows, build_report, load_tables, reproduced
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -37,7 +36,7 @@ def fake_run(folder: Path, selcl_plus: float, ce: float, classes: int = 10) -> N
 def _report(tmp_path, monkeypatch, settings: dict, results: dict) -> tuple[str, dict]:
     """Build the report of fake runs: settings {name: overrides on the committed params}
     (None: the committed setting), results {name: (Sel-CL+, CE)}."""
-    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    params = load_params(ROOT / "params.yaml")
     for name, overrides in settings.items():
         if overrides is not None:
             params["settings"][name] = overrides
@@ -171,7 +170,7 @@ def test_paper_suite_has_the_paper_configuration_and_every_param_is_classified()
     """params.yaml's paper suite resolves to the configuration the report compares against,
     and a param added later must be declared either a method key or an ignored one."""
     from selcl.report import PAPER_CIFAR, PAPER_IGNORED, deviations
-    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    params = load_params(ROOT / "params.yaml")
     tables = load_tables(ROOT / "references" / "paper_tables.yaml")
     for name in params["suites"]["paper"]:
         cfg = resolve(params, name)
@@ -209,7 +208,7 @@ def test_webvision_runs_get_paper_table_5(tmp_path, monkeypatch):
     """A 50-class image folder with its labels as given is WebVision-50: top-1 (best /
     final) and top-5 on WebVision val and ILSVRC12 val beside Table 5; the verdict reads
     the best WebVision top-1 and only for the paper's configuration."""
-    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    params = load_params(ROOT / "params.yaml")
     wv = params["settings"]["webvision50"]
     short = {**wv, "finetune": {**wv["finetune"], "epochs": 30}}
     for name, ft in (("webvision50", {"test_acc_best": 79.5, "test_acc_last": 78.0, "test_top5_at_best": 92.5,
@@ -247,7 +246,7 @@ def test_reproduced_verdict_and_accuracy_axis():
 def test_label_file_noise_is_named_with_its_realised_rate(tmp_path, monkeypatch):
     """A CIFAR-N label file has no requested rate: the tables name the file and key and
     give the realised rate, never "file 0.00"."""
-    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    params = load_params(ROOT / "params.yaml")
     params["settings"]["cifar10n"] = {"noise": {"kind": "file", "file": "data/CIFAR-10_human.pt",
                                                 "file_key": "worse_label"}}
     configs = {"cifar10n": resolve(params, "cifar10n")}
@@ -287,7 +286,7 @@ def test_the_environment_tells_hosts_of_one_model_name_apart(tmp_path, monkeypat
         assert parts[3] == f"faiss OpenBLAS {blas}"
     if Path("/proc/cpuinfo").exists():
         assert parts[0].startswith("family ") and " model " in parts[0] and " stepping " in parts[0]
-    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    params = load_params(ROOT / "params.yaml")
     fake_run(tmp_path / "runs" / "cifar10_sym20", selcl_plus=95.0, ce=80.0)
     pre = tmp_path / "runs" / "cifar10_sym20" / "pretrain.json"
     pre.write_text(json.dumps({**json.loads(pre.read_text()), "env": env}))
@@ -348,7 +347,7 @@ def test_the_k_nn_table_gives_the_best_pre_training_epoch_beside_the_final_encod
     assert "| cifar100_sym20 | 92.00 | — | 90.00 | — | — | 75.36 |" in md
     (tmp_path / "runs" / "cifar100_sym20" / "pretrain_history.csv").write_text(
         "epoch,loss,knn_top1\n2,7.0,80.5\n3,6.0,93.25\n4,5.5,93.25\n5,5.0,91.0\n")
-    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    params = load_params(ROOT / "params.yaml")
     md, _ = _build(tmp_path, {"cifar100_sym20": resolve(params, "cifar100_sym20")})
     assert "| cifar100_sym20 | 92.00 | — | 90.00 | — | 93.25 (epoch 4) | 75.36 |" in md
 

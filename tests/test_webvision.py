@@ -132,9 +132,12 @@ def test_defaults_keep_cifar_views():
     """No crop by default: CIFAR's views and test images are the whole 32 px image."""
     d = repo_params()["defaults"]["data"]
     assert d["crop"] is None and d["crop_scale"] == [0.08, 1.0]
-    for name, s in repo_params()["settings"].items():
+    from selcl.config import resolve
+    params = repo_params()
+    for name in params["settings"]:         # each writes every key (params/<name>.yaml)
         if name != "webvision50":
-            assert "crop" not in s.get("data", {}) and "crop_scale" not in s.get("data", {}), name
+            data = resolve(params, name)["data"]
+            assert data["crop"] is None and data["crop_scale"] == [0.08, 1.0], name
 
 
 @pytest.mark.parametrize("data,match", [

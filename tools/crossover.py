@@ -2,7 +2,7 @@
 experiments, then one table and one figure (accuracy against budget, both methods).
 
     python tools/crossover.py queue cpu_cifar10_asym40 --scales 0.25 0.5 1 2 [--ce-factor F] \\
-        [-S '++settings.cpu_cifar10_asym40.data.path=/path/to/cifar10-jpeg.tar.gz'] [--start]
+        [-S 'params/cpu_cifar10_asym40.yaml:data.path=/path/to/cifar10-jpeg.tar.gz'] [--start]
     dvc queue status                       # they run in the background (`dvc queue start`)
     python tools/crossover.py collect cpu_cifar10_asym40 --out bench/results/crossover_asym40 \\
         [--also NAME=SCALE ...]          # other experiments of the setting (e.g. seeds of the preset)
@@ -74,7 +74,7 @@ def queue(args, extra: list[str]) -> int:
     for scale in args.scales:
         sets = [f"run=[{args.setting}]"]
         for key, value in scaled(cfg, scale, args.ce_factor).items():
-            sets.append(f"++settings.{args.setting}.{key}=" + json.dumps(value, separators=(",", ":")))
+            sets.append(f"params/{args.setting}.yaml:{key}=" + json.dumps(value, separators=(",", ":")))
         cmd = ["dvc", "exp", "run", "--queue", "--name", exp_name(args.setting, scale, args.ce_factor)]
         for s in sets:
             cmd += ["-S", s]

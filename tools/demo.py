@@ -71,9 +71,29 @@ def summary_lines(report: Path) -> list[str]:
     return lines
 
 
+# DVC checks out every cached output of the baseline's dvc.lock before it runs an
+# experiment; the committed repository has no lock for the demo's stages (it never ran
+# them), so each fresh experiment warns once per output that it has nothing to restore:
+# 16 lines per setting, expected and not actionable, which buried the demo's own output.
+NOTHING_TO_RESTORE = re.compile(r"^WARNING: No file hash info found for '.*'\. It won't be created\.$")
+
+
 def dvc(*args: str, cwd: Path, env: dict | None = None, quiet: bool = False) -> subprocess.CompletedProcess:
-    return subprocess.run(["dvc", *args], cwd=cwd, env=env, text=True,
-                          capture_output=quiet)
+    if quiet:
+        return subprocess.run(["dvc", *args], cwd=cwd, env=env, text=True, capture_output=True)
+    return stream(["dvc", *args], cwd=cwd, env=env)
+
+
+def stream(cmd: list[str], cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:
+    """Run `cmd`, printing its output (stdout and stderr, as they come) without the
+    NOTHING_TO_RESTORE warnings."""
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env, text=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, bufsize=1)
+    for line in proc.stdout:
+        if not NOTHING_TO_RESTORE.match(line.rstrip("\n")):
+            sys.stdout.write(line)
+            sys.stdout.flush()
+    return subprocess.CompletedProcess(cmd, proc.wait())
 
 
 def train_side_by_side(settings: list[str], name: str, extra: list[str], root: Path) -> bool:
@@ -162,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     dvc("exp", "remove", args.name, cwd=root, quiet=True)   # an older demo (not --force: that retrains)
     cmd = ["dvc", "exp", "run", "--temp", "--name", args.name, "-S", f"run=[{names}]", *extra]
     print("$ " + " ".join(cmd), flush=True)
-    if subprocess.run(cmd, cwd=root).returncode != 0:
+    if stream(cmd, cwd=root).returncode != 0:
         return 1
     dest = root / args.out
     extract_report(experiment_commit(args.name, root), dest, root)
