@@ -14,7 +14,8 @@ from common import check_sizes, checkpoint_path, load, main, require_device, run
 from selcl import checkpoint
 from selcl.cleanlab_baseline import find_issues, fold_config, folds_of, train_fold
 from selcl.data import load_arrays
-from selcl.label_issues import CLEANLAB_COLUMNS, class_names, suspicion_order, train_files, write_table
+from selcl.dataset_files import train_files
+from selcl.label_issues import CLEANLAB_COLUMNS, class_names, suspicion_order, write_table
 from selcl.sources import output_digest
 from selcl.train import TrainData
 

@@ -12,9 +12,10 @@ from common import StageError, load, main, require_device, run_dir
 
 from selcl import checkpoint
 from selcl.data import load_arrays
+from selcl.dataset_files import train_files
 from selcl.evaluate import embed
 from selcl.label_issues import (SELCL_COLUMNS, class_names, cleaned_labels, save_labels, suspicion_order,
-                                train_files, write_table)
+                                write_table)
 from selcl.train import TrainData, make_model
 
 
