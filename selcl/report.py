@@ -216,7 +216,8 @@ WEBVISION_CLASSES = 50
 # CE numbers are other papers').
 PAPER_IGNORED = {"data": {"dataset", "root", "path", "extra_test_path", "download", "seed"},
                  "noise": {"kind", "rate", "seed", "generator", "file", "file_key"},
-                 "model": {"seed", "width", "blocks"}, "evaluate": {"tsne_points"}}
+                 "model": {"seed", "width", "blocks"}, "evaluate": {"tsne_points"},
+                 "cleanlab": {"enabled", "folds", "seed", "filter_by"}}   # issue 87's detector baseline
 
 
 def is_webvision(cfg: dict, num_classes: int | None) -> bool:
