@@ -239,3 +239,25 @@ def test_cleanlab_stage_is_tracked_and_reruns_only_when_its_inputs_change(tmp_pa
     assert ran(sh("dvc", "repro", target)) == set()
     set_param("cleanlab", "seed", 1)
     assert ran(sh("dvc", "repro", target)) == {target}
+
+
+def test_renamed_images_rerun_the_tables_only_through_their_config(tmp_path):
+    """The `file` column lists the folder's names: config@<setting> gives label_issues and
+    cleanlab_baseline the folder's digest (names included), so a renamed image reruns them."""
+    make_folder(tmp_path / "images")
+    np.save(tmp_path / "given.npy", np.zeros(3 * PER_CLASS, dtype=np.int64))
+    write_params(tmp_path, folder_params(tmp_path))
+    config = tmp_path / "runs" / SETTING / "config"
+
+    def configs():
+        subprocess.run([sys.executable, str(ROOT / "stages" / "config.py"), SETTING], cwd=tmp_path, check=True)
+        return {s: (config / f"{s}.json").read_text() for s in ("label_issues", "cleanlab_baseline", "warmup")}
+
+    before = configs()
+    assert '"source_sha256"' in before["label_issues"] and '"source_sha256"' in before["cleanlab_baseline"]
+    first = sorted((tmp_path / "images" / "train" / "cat").iterdir())[0]
+    first.rename(first.with_name("renamed_" + first.name))
+    after = configs()
+    assert after["label_issues"] != before["label_issues"]
+    assert after["cleanlab_baseline"] != before["cleanlab_baseline"]
+    assert after["warmup"] == before["warmup"]
