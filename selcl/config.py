@@ -21,7 +21,7 @@ from pathlib import Path
 
 import yaml
 
-SECTIONS = ("data", "noise", "model", "warmup", "pretrain", "finetune", "evaluate", "baseline")
+SECTIONS = ("data", "noise", "model", "warmup", "pretrain", "finetune", "evaluate", "baseline", "cleanlab")
 
 
 from .errors import ConfigError  # noqa: F401 - raised here, defined with the other stage errors
@@ -124,6 +124,13 @@ SCHEMA: dict[str, dict[str, tuple]] = {
         "lr_decay_epochs": (list, _int_list), "lr_decay": (float, _posf), "momentum": (float, _unit),
         "weight_decay": (float, _nonneg), "mixup_alpha": (OPT_FLOAT, lambda v: v is None or _posf(v)),
         "eval_last": (int, _pos), "drop_last": (bool, None), "checkpoint_every": (int, _pos),
+    },
+    # the cleanlab baseline of the label-issues report (stages/cleanlab_baseline.py)
+    "cleanlab": {
+        "enabled": (bool, None), "folds": (int, lambda v: v >= 2 or "must be at least 2"),
+        "seed": (int, _nonneg),
+        "filter_by": (str, _choice("prune_by_noise_rate", "prune_by_class", "both", "confident_learning",
+                                   "predicted_neq_given", "low_normalized_margin", "low_self_confidence")),
     },
 }
 TOP_KEYS = ("run", "suites", "defaults", "settings")

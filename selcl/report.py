@@ -21,6 +21,7 @@ import numpy as np
 import yaml
 
 from .atomic import atomic_path, atomic_write_text, write_json
+from .label_issues import report_section as label_issues_section
 
 PAPER_SETTING_NAMES = {"sym": "sym", "asym": "asym"}
 
@@ -232,7 +233,8 @@ WEBVISION_CLASSES = 50
 # CE numbers are other papers').
 PAPER_IGNORED = {"data": {"dataset", "root", "path", "extra_test_path", "download", "seed"},
                  "noise": {"kind", "rate", "seed", "generator", "file", "file_key"},
-                 "model": {"seed", "width", "blocks"}, "evaluate": {"tsne_points"}}
+                 "model": {"seed", "width", "blocks"}, "evaluate": {"tsne_points"},
+                 "cleanlab": {"enabled", "folds", "seed", "filter_by"}}   # issue 87's detector baseline
 
 
 def is_webvision(cfg: dict, num_classes: int | None) -> bool:
@@ -840,6 +842,7 @@ def build_report(run: list[str], configs: dict[str, dict], runs_dir: Path, table
                "Sel-CL+ test accuracy with one of them changed, the rest as the paper.", "",
                "| setting | noise | parameter | value | Sel-CL+ (ours) | Sel-CL+ (paper) |",
                "|---|---|---|---|---|---|", *variants["S"], ""]
+    md += label_issues_section(run, runs_dir, fig_dir)       # issue 87: the detector table
     md += ["## Learning process (paper Fig. 3), test accuracy, noise, embeddings", "",
            "Fig. 3 panels by pre-training epoch. Test accuracy: Sel-CL+ by fine-tuning epoch (after its "
            "warm-up and pre-training) and the baseline by epoch from scratch, on separate axes. "

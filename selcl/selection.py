@@ -74,7 +74,10 @@ class Selection:
 
     examples [N] bool (T), pseudo_labels [N] int64 (ŷ, pass 1), threshold γ (float,
     +inf when G′ is empty), n_per_class n_sel, features [N,d] float32 (the z used for
-    the selection, needed for sim > γ), labels [N] int64 (ỹ), stats (SPEC §5.9 log).
+    the selection, needed for sim > γ), labels [N] int64 (ỹ), stats (SPEC §5.9 log),
+    agreement [N] float32: q̂_i(ỹ_i) before the clamp of ℓ (the share of i's neighbours whose
+    pseudo-label is i's given label; ℓ_i = −log clamp(q̂_i(ỹ_i))). Only exported (the
+    per-example verdict of runs/<setting>/label_issues.csv); nothing in training reads it.
     """
     examples: torch.Tensor
     pseudo_labels: torch.Tensor
@@ -83,6 +86,7 @@ class Selection:
     features: torch.Tensor
     labels: torch.Tensor
     stats: dict = field(default_factory=dict)
+    agreement: torch.Tensor | None = None
 
     @property
     def indices(self) -> torch.Tensor:
@@ -120,7 +124,8 @@ class Selection:
         return {"examples": self.examples.cpu(), "pseudo_labels": self.pseudo_labels.cpu(),
                 "threshold": float(self.threshold), "n_per_class": int(self.n_per_class),
                 "features": self.features.cpu(), "labels": self.labels.cpu(),
-                "stats": dict(self.stats)}
+                "stats": dict(self.stats),
+                **({} if self.agreement is None else {"agreement": self.agreement.cpu()})}
 
     @classmethod
     def from_state_dict(cls, state: dict, device: torch.device | str | None = None) -> "Selection":
@@ -128,7 +133,8 @@ class Selection:
         return cls(examples=state["examples"].to(dev), pseudo_labels=state["pseudo_labels"].to(dev),
                    threshold=float(state["threshold"]), n_per_class=int(state["n_per_class"]),
                    features=state["features"].to(dev), labels=state["labels"].to(dev),
-                   stats=dict(state["stats"]))
+                   stats=dict(state["stats"]),
+                   agreement=state["agreement"].to(dev) if "agreement" in state else None)
 
 
 def _exact_dtype(device: torch.device) -> torch.dtype:
@@ -290,6 +296,7 @@ def select(features: torch.Tensor, noisy_labels: torch.Tensor, num_classes: int,
     y_hat = torch.empty(n, dtype=torch.long, device=dev)            # ŷ
     loss = torch.empty(n, dtype=torch.float64, device=dev)          # ℓ
     agree = torch.empty(n, dtype=torch.bool, device=dev)            # a
+    q_given = torch.empty(n, dtype=torch.float64, device=dev)       # q̂_i(ỹ_i), unclamped (exported)
     for s, sims_b, idx_b in iter_knn(z, z, k, exclude_self=True, index=knn_index, seed=seed,
                                      **(knn_kwargs or {})):
         idx_b = idx_b.to(dev)
@@ -310,7 +317,8 @@ def select(features: torch.Tensor, noisy_labels: torch.Tensor, num_classes: int,
                 nbr_w[rows] = w
         else:   # Table 10 "without": q̂_i = ỹ_i's share of the votes, a_i = [ŷ_i = ỹ_i]
             share = votes.gather(1, y_noisy[rows, None]).squeeze(1).double() / votes.sum(1).double()
-            loss[rows] = -torch.log(share.nan_to_num(0.0).clamp(*Q_CLAMP))
+            q_given[rows] = share.nan_to_num(0.0)
+            loss[rows] = -torch.log(q_given[rows].clamp(*Q_CLAMP))
             agree[rows] = y_hat[rows] == y_noisy[rows]
 
     # ---- 3+4: q̂_i(ỹ_i), ℓ_i, a_i (pass 2, batched over rows; the method's pseudo-labels) ----
@@ -327,6 +335,7 @@ def select(features: torch.Tensor, noisy_labels: torch.Tensor, num_classes: int,
             total = valid.sum(1).clamp_min(1)
         own = y_noisy[s:s + ROW_BATCH]
         q_own = counts.gather(1, own[:, None]).squeeze(1).double() / total
+        q_given[s:s + ROW_BATCH] = q_own
         loss[s:s + ROW_BATCH] = -torch.log(q_own.clamp(*Q_CLAMP))
         agree[s:s + ROW_BATCH] = counts.argmax(1) == own            # argmax ties → lowest id
     del nbr, nbr_w
@@ -371,7 +380,7 @@ def select(features: torch.Tensor, noisy_labels: torch.Tensor, num_classes: int,
         gamma_sampled = True
 
     sel = Selection(examples=examples, pseudo_labels=y_hat, threshold=gamma,
-                    n_per_class=n_sel, features=z, labels=y_noisy)
+                    n_per_class=n_sel, features=z, labels=y_noisy, agreement=q_given.float())
 
     # ---- 9: stats ----
     stats = {"n_selected": int(examples.sum()), "n_per_class": n_sel, "threshold": gamma,

@@ -38,6 +38,13 @@ READS: dict[str, dict[str, object]] = {
     "finetune": {"model": ALL, "finetune": ALL, "pretrain": ["alpha"]},
     "evaluate": {"model": ALL, "evaluate": ALL},
     "baseline": {"model": ALL, "baseline": ALL},
+    # the CE baseline's recipe trained on K−1 folds (not its `enabled`, `eval_last` or
+    # `mixup_alpha`: cleanlab's folds always run plain CE); data.*: the CSV's file column
+    "cleanlab_baseline": {"model": ALL, "cleanlab": ALL, "data": ["dataset", "path", "subset"],
+                          "baseline": ["epochs", "batch_size", "lr", "lr_decay_epochs", "lr_decay", "momentum",
+                                       "weight_decay", "drop_last", "checkpoint_every"]},
+    # Sel-CL+'s classifier is rebuilt (model) to predict every training image; data.*: file column
+    "label_issues": {"model": ALL, "data": ["dataset", "path", "subset"]},
 }
 STAGES = tuple(READS)
 

@@ -846,15 +846,17 @@ def finetune(cfg: dict, data: TrainData, pre: dict, device, ckpt: Checkpointer, 
     return {"model": model.state_dict(), "history": history, "n_train": int(len(T_idx))}
 
 
-def baseline(cfg: dict, data: TrainData, device, ckpt: Checkpointer, on_epoch=None):
+def baseline(cfg: dict, data: TrainData, device, ckpt: Checkpointer, on_epoch=None,
+             idx_pool: torch.Tensor | None = None, desc: str | None = None):
     """Standard cross-entropy on all noisy labels, same network and weak augmentation;
-    with `baseline.mixup_alpha` set, mixup cross-entropy instead (the paper's "Mixup" row)."""
+    with `baseline.mixup_alpha` set, mixup cross-entropy instead (the paper's "Mixup" row).
+    idx_pool: train on these examples only (the cleanlab stage's K folds); None: all."""
     bc = cfg["baseline"]
     model = make_model(cfg["model"], data.num_classes, device)
     tc = dict(bc, lr_warmup_epochs=0)
-    everyone = torch.arange(data.n, device=device)
-    desc = "CE baseline" if bc["mixup_alpha"] is None else "mixup baseline"
-    history = _train_classifier(model, data, everyone, tc, device, ckpt, desc=desc,
+    pool = torch.arange(data.n, device=device) if idx_pool is None else idx_pool.to(device)
+    desc = desc or ("CE baseline" if bc["mixup_alpha"] is None else "mixup baseline")
+    history = _train_classifier(model, data, pool, tc, device, ckpt, desc=desc,
                                 seed=cfg["model"]["seed"] * 1000 + 4, mixup_alpha=bc["mixup_alpha"], on_epoch=on_epoch)
     return {"model": model.state_dict(), "history": history}
 

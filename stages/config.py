@@ -37,6 +37,9 @@ def run(name: str) -> None:
     dc, nc = cfg["data"], cfg["noise"]
     if dc["dataset"] == "imagefolder":       # built-in datasets: their params say it all
         files["data"]["source_sha256"] = digest(dc["path"], cache)
+        # the label-issues tables' `file` column lists the folder's names: renamed files rerun them
+        for stage in ("label_issues", "cleanlab_baseline"):
+            files[stage]["source_sha256"] = files["data"]["source_sha256"]
     if dc["extra_test_path"]:                # a second test set: its content, not its name
         files["data"]["extra_test_sha256"] = digest(dc["extra_test_path"], cache)
     if nc["kind"] == "file":

@@ -192,6 +192,10 @@ def test_fresh_repro_builds_the_report(applied):
         assert f"figures/{name}_learning.png" in report
         assert (repo / "reports" / "figures" / f"{name}_learning.png").stat().st_size > 1000
         assert (repo / "reports" / "figures" / f"{name}_tsne.png").exists()
+        # issue 87: the detector table, cleanlab included (on for the demo), and its figure
+        for detector in ("not in T (Sel-CL)", "Sel-CL+ ≠ given", "cleanlab (5-fold CE, prune_by_noise_rate)"):
+            assert f"| {name} | {detector} |" in report
+        assert (repo / "reports" / "figures" / f"{name}_label_issues.png").stat().st_size > 1000
     for name in ("demo_sym40", "demo_asym40"):     # numbers only, one file per setting
         metrics = json.loads((repo / "reports" / "metrics" / f"{name}.json").read_text())
         assert 0 <= metrics["selcl_plus"] <= 100
@@ -240,11 +244,12 @@ def test_alpha_reruns_exactly_that_settings_training(applied):
     repo = applied
     set_param(repo, "demo_sym40", "pretrain", "alpha", 0.3)     # 0.25 ran above (alpha25)
     out = sh(["dvc", "repro"], repo).stdout
-    assert {"pretrain@demo_sym40", "finetune@demo_sym40", "report"} <= ran_stages(out), out
+    assert {"pretrain@demo_sym40", "finetune@demo_sym40", "label_issues@demo_sym40", "report"} <= ran_stages(out), out
     # evaluate reads pretrain.pt, not α: a tiny run whose selection α does not move gives the
     # same encoder, and DVC restores the evaluation it already has (`is cached`)
     assert ran_stages(out) | restored_stages(out) == {"pretrain@demo_sym40", "finetune@demo_sym40",
-                                                      "evaluate@demo_sym40", "report"}, out
+                                                      "evaluate@demo_sym40", "label_issues@demo_sym40",
+                                                      "report"}, out
     assert status(repo) == {}
 
 
@@ -255,7 +260,8 @@ def test_alpha_back_restores_from_the_run_cache(applied):
     set_param(repo, "demo_sym40", "pretrain", "alpha", 0.5)
     out = sh(["dvc", "repro"], repo).stdout
     assert ran_stages(out) == {"report"}, out
-    assert restored_stages(out) == {"pretrain@demo_sym40", "finetune@demo_sym40", "evaluate@demo_sym40"}, out
+    assert restored_stages(out) == {"pretrain@demo_sym40", "finetune@demo_sym40", "evaluate@demo_sym40",
+                                    "label_issues@demo_sym40"}, out
     assert status(repo) == {}
 
 
@@ -270,7 +276,7 @@ def test_finetune_param_never_reruns_pretraining(applied):
     repo = applied
     set_param(repo, "demo_asym40", "finetune", "lr", 0.02)
     out = sh(["dvc", "repro"], repo).stdout
-    assert ran_stages(out) == {"finetune@demo_asym40", "report"}, out
+    assert ran_stages(out) == {"finetune@demo_asym40", "label_issues@demo_asym40", "report"}, out
 
 
 def test_changed_label_file_reruns_noise(applied):
@@ -292,7 +298,8 @@ def test_changed_label_file_reruns_noise(applied):
     np.save(repo / "data" / "labels.npy", noisy)          # one label changed
     out = sh(["dvc", "repro", "-s", "config@demo_sym40", "noise@demo_sym40"], repo).stdout
     assert "noise@demo_sym40" in ran_stages(out), out
-    assert {"warmup@demo_sym40", "baseline@demo_sym40"} <= set(status(repo)), status(repo)
+    assert {"warmup@demo_sym40", "baseline@demo_sym40", "cleanlab_baseline@demo_sym40"} <= set(status(repo)), \
+        status(repo)
     out = sh(["dvc", "repro", "-s", "config@demo_sym40", "noise@demo_sym40"], repo).stdout
     assert ran_stages(out) == set(), out                  # file unchanged since: nothing reruns
     # back to the committed noise for the experiments below (data/ is not in git)

@@ -367,7 +367,7 @@ def test_bold_marks_the_better_of_sel_cl_plus_and_ce(tmp_path, monkeypatch):
 def test_one_verdict_line_per_setting_with_both_budgets(tmp_path, monkeypatch):
     """'Who won' names won / lost / tied, the gap and both budgets; a gap within twice the
     spread of the averaged epochs is a tie."""
-    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    params = load_params(ROOT / "params.yaml")
     names = ["demo_sym40", "demo_asym40", "cpu_cifar10_sym50"]
     configs = {n: resolve(params, n) for n in names}
     for n, (ours, ce) in zip(names, [(94.31, 94.93), (90.44, 75.16), (50.0, 60.0)]):
@@ -396,7 +396,7 @@ def test_the_tie_band_is_the_seeds_spread_when_seeds_are_in_the_report(tmp_path,
     """Settings that differ only in model.seed are seeds of one configuration: the band is the
     spread of their gaps."""
     seeds = {f"demo_asym40_s{i}": None for i in (1, 2, 3)}
-    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    params = load_params(ROOT / "params.yaml")
     demo = params["settings"]["demo_asym40"]
     for n in seeds:
         seeds[n] = json.loads(json.dumps(demo))
@@ -459,7 +459,7 @@ def test_figures_are_readable(tmp_path, monkeypatch):
     (folder / "pretrain_history.csv").write_text(
         "epoch,precision_T,recall_T,n_selected,precision_G,knn_top1,test_acc\n"
         + "".join(f"{e},0.9,0.8,100,0.9,80,78\n" for e in range(1, 9)))
-    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    params = load_params(ROOT / "params.yaml")
     _build(tmp_path, {"demo_sym40": resolve(params, "demo_sym40")})
     figs = sorted((tmp_path / "reports" / "figures").glob("*.png"))
     assert {p.name for p in figs} >= {"demo_sym40_learning.png", "demo_sym40_accuracy.png"}
