@@ -148,7 +148,7 @@ def test_one_short_line_changes_alpha_of_one_setting(repo):
     assert len(ALPHA_LINE) <= 80 and "++" not in ALPHA_LINE
     out = sh([*shlex.split(ALPHA_LINE), "--temp", "-n", "alpha25"], repo).stdout
     assert ran_stages(out) == {"pretrain@demo_sym40", "finetune@demo_sym40", "evaluate@demo_sym40",
-                               "report"}, out
+                               "label_issues@demo_sym40", "report"}, out
     assert sh(["git", "status", "--porcelain"], repo).stdout == ""
 
 
