@@ -24,13 +24,21 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 DVC_CMD = re.compile(r"\bdvc\s+(exp\s+run|repro)\b")
+NAME_ONLY = re.compile(r"dvc\s+(exp\s+run|repro)(\s+(-S|--set-param))?")   # prose naming the command
 FOR = re.compile(r"\bfor\s+(\w+)\s+in\s+(.+?);\s*do\b")
 
 
+COPY = re.compile(r"\bcp\s+([\w./-]+\.yaml)\s+params/(\w+)\.yaml\b")
+
+
 def doc_settings(text: str) -> dict:
-    """Settings a doc defines in a ```yaml block under `settings:` (the "your own data"
-    examples): its commands may run them."""
+    """Settings a doc defines, in a ```yaml block under `settings:` or as a copy
+    (`cp params/S.yaml params/new.yaml`, `cp selcl/defaults.yaml params/new.yaml`): its
+    commands may run them."""
     out = {}
+    for src, name in COPY.findall(text):
+        if (ROOT / src).is_file():
+            out[name] = yaml.safe_load((ROOT / src).read_text())
     for block in re.findall(r"```yaml\n(.*?)```", text, re.DOTALL):
         data = yaml.safe_load(block)
         if isinstance(data, dict) and isinstance(data.get("settings"), dict):
@@ -51,7 +59,8 @@ def _blocks(text: str) -> list[list[str]]:
         if inside:
             cur.append(line)
         else:
-            blocks += [[span] for span in re.findall(r"`([^`]*\bdvc\s+(?:exp\s+run|repro)\b[^`]*)`", line)]
+            blocks += [[span] for span in re.findall(r"`([^`]*\bdvc\s+(?:exp\s+run|repro)\b[^`]*)`", line)
+                       if not NAME_ONLY.fullmatch(span.strip())]
     return blocks
 
 
@@ -119,7 +128,7 @@ def check(cmd: str, params_path: Path, tmp_path: Path, own: dict | None = None) 
     from dvc.utils.cli_parse import to_path_overrides
     from dvc.utils.hydra import apply_overrides
 
-    from selcl.config import load_params, resolve, validate
+    from selcl.config import SETTINGS_DIR
 
     argv = dvc_argv(cmd)
     try:
@@ -129,34 +138,72 @@ def check(cmd: str, params_path: Path, tmp_path: Path, own: dict | None = None) 
     overrides = list(getattr(args, "set_param", None) or [])
     copy = tmp_path / "params.yaml"
     committed = yaml.safe_load(params_path.read_text())
+    committed.setdefault("settings", {})
     if own:
         committed["settings"].update(own)
         copy.write_text(yaml.safe_dump(committed, sort_keys=False))
     else:
         shutil.copy(params_path, copy)
-    named = set()
-    for path, values in to_path_overrides(overrides).items():
-        if path != "params.yaml":
-            return f"-S for {path}: the pipeline's params are params.yaml"
-        try:
-            apply_overrides(copy, values)
-        except InvalidArgumentError as e:
-            return f"DVC rejects {values}: {e} ({e.__cause__})"
-        for value in values:
-            key = value.lstrip("+~").split("=", 1)[0]
-            if key == "run":
-                named |= set(yaml.safe_load(value.split("=", 1)[1]) or [])
-            elif key.startswith("settings."):
-                named.add(key.split(".")[1])
+    folder = params_path.parent / SETTINGS_DIR            # params/<name>.yaml, copied beside it
+    if folder.is_dir():
+        shutil.copytree(folder, tmp_path / SETTINGS_DIR, dirs_exist_ok=True)
+    files = {f"{SETTINGS_DIR}/{f.name}": f.stem for f in sorted(folder.glob("*.yaml"))}
+    known = set(committed["settings"]) | set(files.values())
+    named: set = set()
+    # DVC groups `-S [file:]override` by file (params.yaml when none is given) and applies
+    # each group with Hydra to that file, as `dvc exp run` does (a key the file does not
+    # write needs `++`); a sweep (`k=a,b`) queues one experiment per combination.
+    from dvc.utils.hydra import get_hydra_sweeps, to_hydra_overrides
+    groups = to_path_overrides(overrides)
+    for path in groups:
+        if path != "params.yaml" and path not in files:
+            return (f"-S for {path}: not a params file of this repository "
+                    f"(params.yaml or one of {SETTINGS_DIR}/<setting>.yaml)")
+    try:
+        sweep = any(o.is_sweep_override() for v in groups.values() for o in to_hydra_overrides(v))
+        if sweep and not getattr(args, "queue", False):
+            return "DVC rejects a sweep override without --queue"
+        combos = get_hydra_sweeps(groups) if sweep else [groups]
+    except Exception as e:               # DVC's InvalidArgumentError, Hydra's parse errors
+        return f"DVC rejects {groups}: {e}"
+    pristine = {p: (tmp_path / p).read_bytes() for p in groups}
+    for combo in combos:
+        for path, data in pristine.items():
+            (tmp_path / path).write_bytes(data)
+        for path, values in combo.items():
+            try:
+                apply_overrides(tmp_path / path, values)
+            except InvalidArgumentError as e:
+                return f"DVC rejects {path}:{values}: {e} ({e.__cause__})"
+            if path in files:
+                named.add(files[path])
+                continue
+            for value in values:
+                key = value.lstrip("+~").split("=", 1)[0]
+                if key == "run":
+                    named |= set(yaml.safe_load(value.split("=", 1)[1]) or [])
+                elif key.startswith("settings."):
+                    named.add(key.split(".")[1])
+        problem = _validate(copy, named, known, args)
+        if problem:
+            return problem
+    return None
+
+
+def _validate(copy: Path, named: set, known: set, args) -> str | None:
+    """The project's validation of the params after the overrides, and whether the line
+    builds only the settings it names."""
+    from selcl.config import SETTINGS_DIR, load_params, resolve, validate
+
     targets = [t for t in (getattr(args, "targets", None) or [])]
     for t in targets:                                  # a stage@setting target names its setting
         if "@" in t:
             named.add(t.split("@", 1)[1])
-    params = load_params(copy)
-    unknown = sorted(n for n in named if n not in committed["settings"])
+    unknown = sorted(n for n in named if n not in known)
     if unknown:
-        return f"names settings that params.yaml does not have: {unknown}"
+        return f"names settings that params.yaml and {SETTINGS_DIR}/ do not have: {unknown}"
     try:
+        params = load_params(copy)
         validate(params)
         for name in params["run"]:
             resolve(params, name)
@@ -188,30 +235,44 @@ def test_every_documented_dvc_command_parses_and_builds_only_what_it_names(where
 
 
 @pytest.mark.parametrize("cmd,why", [
-    ("dvc exp run -S '++settings.cifar100_sym20.pretrain.mixup=false'", "builds 17 settings"),
+    ("dvc exp run -S params/cifar100_sym20.yaml:pretrain.mixup=false", "builds 17 settings"),
     ("dvc exp run -S settings.webvision50.warmup.method=sup_cl", "DVC rejects"),
-    ("dvc exp run -S 'run=[no_such_setting]'", "does not have"),
-    ("dvc exp run -S 'run=[demo_sym40]' -S '++settings.demo_sym40.pretrain.alhpa=0.2'", "validation"),
+    ("dvc exp run -S 'run=[no_such_setting]'", "do not have"),
+    ("dvc exp run -S 'run=[demo_sym40]' -S '++params/demo_sym40.yaml:pretrain.alhpa=0.2'", "not a params file"),
+    ("dvc exp run -S 'run=[demo_sym40]' -S 'params/demo_sym40.yaml:++pretrain.alhpa=0.2'", "validation"),
+    ("dvc exp run -S 'run=[demo_sym40]' -S params/demo_sym40.yaml:pretrain.alhpa=0.2", "DVC rejects"),
+    ("dvc exp run -S 'run=[demo_sym40]' -S params/demo_sym40.yaml:pretrain.alpha=1.5", "validation"),
+    ("dvc exp run -S 'run=[demo_sym40]' -S params/demo_sym04.yaml:pretrain.alpha=0.2", "not a params file"),
+    ("dvc exp run -S 'run=[demo_sym40]' -S dvc.yaml:vars=1", "not a params file"),
+    ("dvc exp run -S 'run=[demo_sym40]' -S '++settings.demo_sym40.pretrain.alpha=0.2'", "given both"),
+    ("dvc exp run -S 'run=[demo_sym40]' -S params/demo_sym40.yaml:pretrain.alpha=0,0.5", "without --queue"),
+    ("dvc exp run --queue -S 'run=[demo_sym40]' -S params/demo_sym40.yaml:pretrain.alhpa=0,0.5", "DVC rejects"),
+    ("dvc exp run --queue -S 'run=[demo_sym40]' -S params/demo_sym40.yaml:pretrain.alpha=0,1.5", "validation"),
     ("dvc exp run --no-such-flag", "argparse"),
 ])
 def test_the_check_catches_the_known_mistakes(cmd, why, tmp_path):
-    """The mistakes this test exists for: the Table 6 line without run=[…], the WebVision
-    line without ++, an unknown setting, a misspelt key, a flag DVC does not have."""
+    """The mistakes this test exists for: the Table 6 line without run=[…], a key the file
+    does not write (without ++), an unknown setting, a misspelt key, a value out of range,
+    an unknown params file, the old inline form for a committed setting, a flag DVC does
+    not have."""
     problem = check(cmd, ROOT / "params.yaml", tmp_path)
     assert problem is not None and why in problem, problem
 
 
 def test_sound_lines_pass_and_loops_are_expanded(tmp_path):
-    assert check("dvc exp run -S 'run=[cifar100_sym20]' -S '++settings.cifar100_sym20.pretrain.mixup=false'",
+    assert check("dvc exp run -S 'run=[cifar100_sym20]' -S params/cifar100_sym20.yaml:pretrain.mixup=false",
                  ROOT / "params.yaml", tmp_path) is None
+    (tmp_path / "two").mkdir()
+    assert check("dvc exp run -S 'run=[demo_sym40]' -S params/demo_sym40.yaml:pretrain.alpha=0.25 -S params/demo_sym40.yaml:pretrain.k=50",
+                 ROOT / "params.yaml", tmp_path / "two") is None
     assert check("docker/run.sh env SELCL_NPROC=4 dvc exp run -S 'run=[webvision50]'  # four",
                  ROOT / "params.yaml", tmp_path) is None
     assert check("SELCL_NPROC=2 dvc repro -f warmup@demo_sym40", ROOT / "params.yaml", tmp_path) is None
     assert check("dvc repro", ROOT / "params.yaml", tmp_path) is None
-    text = "```bash\nfor a in 0.0 0.25; do\n  dvc exp run --queue -S 'run=[demo_sym40]' -S \"++settings.demo_sym40.pretrain.alpha=$a\"\ndone\n```\n"
+    text = "```bash\nfor a in 0.0 0.25; do\n  dvc exp run --queue -S 'run=[demo_sym40]' -S \"params/demo_sym40.yaml:pretrain.alpha=$a\"\ndone\n```\n"
     blocks = _blocks(text)
     assert blocks and any("$a" in line for line in blocks[0])
-    demo = yaml.safe_dump({"settings": {"mine": _params()["settings"]["demo_sym40"]}})
+    demo = yaml.safe_dump({"settings": {"mine": yaml.safe_load((ROOT / "params/demo_sym40.yaml").read_text())}})
     own = doc_settings(f"```yaml\n{demo}```\n")
     assert check("dvc exp run -S 'run=[mine]'", ROOT / "params.yaml", tmp_path, own) is None
     assert check("dvc exp run -S 'run=[mine]'", ROOT / "params.yaml", tmp_path) is not None
