@@ -151,7 +151,7 @@ def main(fn) -> None:
         stage = Path(sys.argv[0]).stem
         name = sys.argv[1] if len(sys.argv) > 1 else "<setting>"
         if stage in DDP_STAGES:
-            fix = (f"lower `settings.{name}.{BATCH_SECTION.get(stage, stage)}.batch_size` in params.yaml "
+            fix = (f"lower `{BATCH_SECTION.get(stage, stage)}.batch_size` in params/{name}.yaml "
                    "(or free the GPU)")
         else:   # e.g. evaluate embeds in fixed chunks: no parameter of its own to lower
             fix = "free GPU memory (other processes on the GPU) and rerun"

@@ -50,7 +50,7 @@ def exit_of(monkeypatch, tmp_path, stage: str, capsys) -> tuple[int, str]:
 # ----------------------------------------------------------------------------- (a) CUDA OOM
 @pytest.mark.parametrize("stage", ["warmup", "pretrain", "finetune", "baseline"])
 def test_cuda_oom_names_the_batch_size(stage, tiny_upstream, tiny_params, tmp_path, monkeypatch, capsys):
-    """OOM from the training call: exit 3, one line naming settings.<s>.<stage>.batch_size."""
+    """OOM from the training call: exit 3, one line naming <stage>.batch_size in params/<s>.yaml."""
     copy_upstream(tiny_upstream, tmp_path)
     checkpoint.save({"model": {}, "examples": torch.ones(4, dtype=torch.bool)}, tmp_path / RUN / "pretrain.pt")       # finetune's input
     monkeypatch.setattr(load_stage(stage), stage, _oom)                  # e.g. stages/pretrain.py: pretrain()
@@ -59,7 +59,7 @@ def test_cuda_oom_names_the_batch_size(stage, tiny_upstream, tiny_params, tmp_pa
     assert err.splitlines() == [err.strip()], err
     assert err.startswith("error: CUDA out of memory")
     section = "pretrain" if stage == "warmup" else stage      # the warm-up runs on pre-training's loader
-    assert f"settings.{SETTING}.{section}.batch_size" in err
+    assert f"`{section}.batch_size` in params/{SETTING}.yaml" in err
     assert "Traceback" not in err
 
 
@@ -114,8 +114,8 @@ def test_cuda_oom_mid_training_keeps_the_last_checkpoint(tiny_upstream, tiny_par
     err = capsys.readouterr().err
     assert exit_info.value.code == 3
     errors = [ln for ln in err.replace("\r", "\n").splitlines() if ln.startswith("error:")]
-    assert errors == [f"error: CUDA out of memory in stage pretrain: lower `settings.{SETTING}.pretrain."
-                      f"batch_size` in params.yaml (or free the GPU)"], err
+    assert errors == [f"error: CUDA out of memory in stage pretrain: lower `pretrain.batch_size` in "
+                      f"params/{SETTING}.yaml (or free the GPU)"], err
     assert "Traceback" not in err
     assert checkpoint.load(tmp_path / "scratch" / SETTING / "pretrain" / "checkpoint.pt")["epoch"] == 2
     assert not (tmp_path / RUN / "pretrain.pt").exists()
