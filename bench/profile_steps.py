@@ -25,9 +25,12 @@ def kernel_time_us(events) -> float:
     A CPU op's self device time is the time of the kernels it launched, and every kernel
     is also an event of its own (device_type CUDA): summing both counts each kernel twice
     (the "35.1 ms of kernels" of gpu_real_h200_4, really 17.5 ms). Kernels, memcpys and
-    memsets are the events whose device_type is not the CPU."""
+    memsets are the events whose device_type is not the CPU; a user annotation on the device
+    (a compiled graph's "## Call CompiledFxGraph" range) spans kernels counted already. The
+    same rule as the profiler table's "Self CUDA time total"."""
     from torch.autograd import DeviceType
-    return float(sum(e.self_device_time_total for e in events if e.device_type != DeviceType.CPU))
+    return float(sum(e.self_device_time_total for e in events
+                     if e.device_type != DeviceType.CPU and not getattr(e, "is_user_annotation", False)))
 
 
 class StepProfiler:
