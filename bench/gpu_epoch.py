@@ -115,8 +115,8 @@ def main(argv: list[str] | None = None) -> dict:
     selcl_device.COMPILE_MIN_STEPS = 0
     if args.profile_steps:
         from profile_steps import StepProfiler  # bench/profile_steps.py: kernel time counted once
-        StepProfiler(args.profile_steps, steps + min(20, steps // 4), Path(args.workdir) / "profile.txt",
-                     device).install()
+        prof = Path(args.out).with_name(Path(args.out).stem + "_profile.txt") if args.out else work / "profile.txt"
+        StepProfiler(args.profile_steps, steps + min(20, steps // 4), prof, device).install()
     pre = pretrain(dict(cfg, pretrain=dict(cfg["pretrain"], epochs=W + args.epochs)), data, warm, device,
                    ck("pretrain"))
     # 4. fine-tuning on this run's T and the CE baseline, compiled as in a full run
