@@ -16,7 +16,7 @@ The setting's projection (bench/projection.py): each stage's steps in the full r
 measured step time, plus its compilation and its fixed per-epoch costs (selection + k-NN,
 test evaluation). Writes a markdown table (--out) and a JSON (--json, default
 bench/results/gpu_epoch.json): device, images, eager_s, captured_s, setting_min, commit,
-and the stages. --profile-steps N: torch.profiler over N captured steps (kernel time
+the stages, and on CUDA the host synchronisations per captured step (SyncCounter). --profile-steps N: torch.profiler over N captured steps (kernel time
 counted once, bench/profile_steps.py). On the CPU (small, quick: --arch small --subset 20)
 it runs the same code, the "captured" path being the eager one there (nothing compiles on
 the CPU), so a test can check the JSON.
@@ -39,7 +39,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from selcl import checkpoint, device as selcl_device  # noqa: E402
+from selcl import checkpoint, device as selcl_device, train  # noqa: E402
 from selcl.config import load_params, resolve  # noqa: E402
 from selcl.data import load_dataset  # noqa: E402
 from selcl.device import compiles, describe, get_device, synchronize  # noqa: E402
@@ -51,6 +51,36 @@ from tables import emit  # noqa: E402  (bench/tables.py)
 
 FULL_N = 50_000
 NEVER = 10 ** 12   # device.COMPILE_MIN_STEPS that no loop reaches: every step eager
+
+
+class SyncCounter:
+    """CUDA: the host synchronisations inside the captured Sel-CL steps after the first
+    `skip` (compilation and recording done), counted with torch.cuda.set_sync_debug_mode
+    ("warn": every synchronising call warns); the CPU's check is tests/test_step_graph.py.
+    "warn", not "error": the measurement runs on and reports the count (0 is the aim)."""
+
+    def __init__(self, skip: int):
+        self.skip, self.calls, self.steps, self.syncs = skip, 0, 0, 0
+
+    def install(self) -> None:
+        import warnings
+        real, me = train.Pretrainer.step, self
+
+        def step(tr, *args, **kwargs):
+            me.calls += 1
+            if me.calls <= me.skip:
+                return real(tr, *args, **kwargs)
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                torch.cuda.set_sync_debug_mode("warn")
+                try:
+                    out = real(tr, *args, **kwargs)
+                finally:
+                    torch.cuda.set_sync_debug_mode(0)
+            me.steps += 1
+            me.syncs += sum("synchroniz" in str(w.message) for w in caught)
+            return out
+        train.Pretrainer.step = step
 
 
 def commit() -> str:
@@ -117,6 +147,9 @@ def main(argv: list[str] | None = None) -> dict:
         from profile_steps import StepProfiler  # bench/profile_steps.py: kernel time counted once
         prof = Path(args.out).with_name(Path(args.out).stem + "_profile.txt") if args.out else work / "profile.txt"
         StepProfiler(args.profile_steps, steps + min(20, steps // 4), prof, device).install()
+    syncs = SyncCounter(steps) if device.type == "cuda" else None     # from the second captured epoch
+    if syncs:
+        syncs.install()
     pre = pretrain(dict(cfg, pretrain=dict(cfg["pretrain"], epochs=W + args.epochs)), data, warm, device,
                    ck("pretrain"))
     # 4. fine-tuning on this run's T and the CE baseline, compiled as in a full run
@@ -146,6 +179,7 @@ def main(argv: list[str] | None = None) -> dict:
               "measured_epoch_s": {"eager": eager["timing"][0]["train_s"],
                                    "captured": [r["train_s"] for r in pre["timing"]]},
               "select_knn_s": pre_fixed, "setting": args.setting, "torch": info["torch"],
+              "host_syncs_per_step": syncs.syncs / max(syncs.steps, 1) if syncs else None,
               "stages": [{"name": s.name, "steps": s.steps, "step_s": s.step_s, "epochs": s.epochs,
                           "epoch_s": s.epoch_s, "compile_s": s.compile_s, "min": s.seconds / 60} for s in stages]}
     lines = [f"# {args.setting} on {result['device']} (torch {info['torch']}, CUDA {info['cuda']}), "
@@ -154,7 +188,8 @@ def main(argv: list[str] | None = None) -> dict:
              "|---|---|---|",
              f"| seconds, from the median step | {result['eager_s']:.2f} | {result['captured_s']:.2f} |",
              f"| step | {1000 * eager_step:.1f} ms | {1000 * pre_step:.1f} ms |",
-             f"| selection + k-NN per epoch ({n:,} images) | | {pre_fixed:.3f} s |", "",
+             f"| selection + k-NN per epoch ({n:,} images) | | {pre_fixed:.3f} s |",
+             f"| host synchronisations per captured step (CUDA) | | {result['host_syncs_per_step']} |", "",
              f"Projected whole setting ({full['pretrain']} Sel-CL epochs, warm-up included, + "
              f"{full['finetune']} fine-tuning; CE {full['baseline']}), compilation included:", "",
              *table(stages), ""]

@@ -49,6 +49,7 @@ def test_the_epoch_benchmark_writes_its_json_on_the_cpu(tmp_path, monkeypatch):
     assert written == json.loads(json.dumps(res))
     assert {"device", "images", "eager_s", "captured_s", "setting_min", "commit"} <= set(written)
     assert written["device"] == "cpu" and written["images"] == 140 and written["captured"] is False
+    assert written["host_syncs_per_step"] is None              # counted on CUDA only
     assert written["eager_s"] > 0 and written["captured_s"] > 0
     assert [s["name"] for s in written["stages"]] == ["Uns-CL warm-up (eager)", "Sel-CL pre-training",
                                                       "Sel-CL+ fine-tuning", "CE baseline"]
