@@ -102,3 +102,22 @@ def test_pretraining_records_the_check_and_trains_exactly_as_without_it(tmp_path
     again = loops.pretrain(cfg, data, copy.deepcopy(warm), CPU, ck("pretrain2"))
     assert repr(again["history"]) == repr(pre["history"])          # repr: nan == nan
     assert all(torch.equal(a, b) for a, b in zip(again["model"].values(), pre["model"].values()))
+
+
+def test_the_built_report_carries_the_flag_in_the_setting_section(tmp_path, monkeypatch):
+    import json
+
+    import yaml
+    from test_report import _build, fake_run
+    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    configs = {n: resolve(params, n) for n in ("cifar10_sym20", "cifar10_asym40")}
+    for name, learned in (("cifar10_sym20", True), ("cifar10_asym40", False)):
+        fake_run(tmp_path / "runs" / name, selcl_plus=16.2, ce=58.5)
+        pre = tmp_path / "runs" / name / "pretrain.json"
+        pre.write_text(json.dumps({**json.loads(pre.read_text()), "knn_top1": 29.55, "knn_top1_init": 31.3,
+                                   "l_sel": 12.67, "l_sel_no_information": 13.14, "encoder_learned": learned}))
+    monkeypatch.chdir(tmp_path)
+    md, _ = _build(tmp_path, configs)
+    sections = {s.split("\n", 1)[0]: s for s in md.split("### ")[1:]}
+    assert "The encoder learned nothing" in sections["cifar10_asym40"]
+    assert "The encoder learned nothing" not in sections["cifar10_sym20"]
