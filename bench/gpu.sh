@@ -12,7 +12,8 @@ mkdir -p "$results"
 py="${PYTHON:-python3}"
 export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
-$py bench/gpu_epoch.py --data "$data" --epochs "$epochs" --out "$results/gpu_epoch.md" || echo "gpu_epoch failed"
+$py bench/gpu_epoch.py --data "$data" --epochs "$epochs" --out "$results/gpu_epoch.md" \
+    --json "$results/gpu_epoch.json" || echo "gpu_epoch failed"
 $py bench/step.py --iters 20 --out "$results/gpu_step.md" || echo "step failed"
 {
   echo "# GPU benchmark ($(date -u +%Y-%m-%d))"

@@ -624,6 +624,18 @@ def _bold_better(ours, ce) -> tuple[str, str]:
     return (f"**{a}**" if ra >= rb else a), (f"**{b}**" if rb >= ra else b)
 
 
+def encoder_flag(pre: dict) -> str | None:
+    """A bold line for a run whose pre-trained encoder learned nothing (pretrain.json's
+    `encoder_learned`, `train.encoder_check`): its numbers are not a comparison of methods."""
+    if pre.get("encoder_learned", True):
+        return None
+    return (f"**The encoder learned nothing**: k-NN {_fmt(pre.get('knn_top1'))} % against "
+            f"{_fmt(pre.get('knn_top1_init'))} % for a freshly initialised network, L_sel "
+            f"{_fmt(pre.get('l_sel'))} against {_fmt(pre.get('l_sel_no_information'))} if it had learned "
+            f"nothing (both must be below to pass); do not read this setting's accuracies as a comparison "
+            f"of the methods.")
+
+
 def build_report(run: list[str], configs: dict[str, dict], runs_dir: Path, tables: dict,
                  out_dir: Path, plots_dir: Path = Path("plots")) -> dict:
     """Write reports/README.md, figures, metrics and the accuracy plot data; return
@@ -712,6 +724,8 @@ def build_report(run: list[str], configs: dict[str, dict], runs_dir: Path, table
                    f"{'not run' if budget['ce'] is None else str(budget['ce']) + ' epochs'}. "
                    + setting_text(cfg, meta), "",
                    f"![learning process]({'figures/' + name + '_learning.png'})", ""]
+        if flag := encoder_flag(pre):
+            section += [flag, ""]
         if ft_hist or bl_hist:
             section += [f"![test accuracy](figures/{name}_accuracy.png)", ""]
         if (d / "labels.npz").exists():

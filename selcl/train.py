@@ -537,7 +537,10 @@ class Pretrainer:
         unused = [gi is None for gi in g]     # the same on every rank: one graph, one model
         g = [torch.zeros_like(p) if gi is None else gi for p, gi in zip(self.params, g)]
         dist.average_(g)
-        norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(gi) for gi in g]))
+        # ‖∇λ_s·L_SIM‖ over all parameters: _foreach_norm is one fused kernel on CUDA where a
+        # per-tensor vector_norm launched ~60 (the profile's 59 norm calls a step); on the CPU
+        # the same per-tensor norms, the same bits. The norm stays on the device: no sync.
+        norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(g)))
         # Out of place: with the L_SIM recompute these gradients are outputs of a CUDA-graphed
         # backward, whose memory the next graph generation (the main pass) reuses (seen on an
         # H200); the scaled copies are ours. Same arithmetic as the in-place product.
@@ -658,6 +661,8 @@ def pretrain(cfg: dict, data: TrainData, warm: dict, device, ckpt: Checkpointer,
     selection after every epoch (the first one from the warm-up's network)."""
     pc, C = cfg["pretrain"], data.num_classes
     first = cfg["warmup"]["epochs"] + 1
+    # before make_pretrainer: make_model seeds the global RNG, make_pretrainer seeds it again
+    knn_init = fresh_knn(cfg, data, device)
     tr = make_pretrainer(cfg, C, device, warm)
     history, timing, start = [], [], first
     state = ckpt.load()
@@ -715,22 +720,65 @@ def pretrain(cfg: dict, data: TrainData, warm: dict, device, ckpt: Checkpointer,
         # wall-clock seconds, kept apart from the (bit-reproducible) history and out of
         # the checkpoint (after a resume it lists the epochs run since)
         timing.append({"epoch": epoch, "train_s": t1 - t0, "select_s": t2 - t1,
-                       "knn_s": time.perf_counter() - t2})
+                       "knn_s": time.perf_counter() - t2, "steps": iters})
         bar.set_postfix(loss=f"{row['loss']:.3f}", T=int(row.get("n_selected", 0)),
                         precT=f"{row.get('precision_T', float('nan')):.3f}", knn=f"{knn['top1']:.1f}")
         ckpt.maybe_save(epoch, pc["epochs"], lambda: {
             **tr.state_dict(), "selection": selection.state_dict(), "history": history, "epoch": epoch})
     final_rule = configured_rule(selection, data.noisy, data.clean, pc)
+    check = encoder_check(history[-1], knn_init, pc, len(tr.queue), len(tr.memory)) if history else None
     return {"model": tr.model.state_dict(), "ema": tr.ema.state_dict(), "selection": selection.state_dict(),
-            "examples": final_rule.examples.cpu(), "history": history, "timing": timing}
+            "examples": final_rule.examples.cpu(), "history": history, "timing": timing,
+            "encoder_check": check}
+
+
+def fresh_knn(cfg: dict, data: TrainData, device) -> float:
+    """Weighted k-NN top-1 (clean labels, as the history's knn_top1) of a freshly
+    initialised network: what an encoder that learned nothing scores (31 % on CIFAR-10).
+    One embedding of the training and test sets, no training state touched."""
+    fresh = make_model(cfg["model"], data.num_classes, device)
+    z_tr, _ = embed(fresh, data.x, data.mean, data.std, crop=data.crop)
+    z_te, _ = embed(fresh, data.x_test, data.mean, data.std, crop=data.crop)
+    return weighted_knn_accuracy(z_tr, data.clean, z_te, data.y_test, data.num_classes,
+                                 k=min(cfg["evaluate"]["k"], data.n), sigma=cfg["evaluate"]["sigma"])["top1"]
+
+
+def no_information_l_sel(pc: dict, epoch: int, fallback: float, queue_size: int, memory_size: int) -> float:
+    """L_sel of an encoder that learned nothing: every similarity alike, so each term's
+    log-softmax is uniform over the candidates left in its denominator (`keep`: all but the
+    anchor's own entry), and an anchor with positives in a term scores log(candidates − 1)
+    there, whatever the positives; an anchor that falls back (s_i = 1) scores u_i instead,
+    the MoCo InfoNCE with Q queued negatives. With s̄ the mean of s_i (the history's
+    `fallback`):
+      (1 − s̄)·[log(2B − 1)  +  log(|memory| − 1)]  +  s̄·log(Q + 1)
+               batch term     memory term, from memory_start_epoch
+    Exact when every anchor that does not fall back has positives in both terms (without
+    the memory, always). About 13.1 for the 5,000-image H200 run (B = 128, memory 2,000,
+    s̄ ≈ 0) whose encoder learned nothing; its L_sel ended at 12.7."""
+    terms = math.log(2 * pc["batch_size"] - 1)
+    if reads_memory(pc, epoch) and memory_size > 1:
+        terms += math.log(memory_size - 1)
+    return (1 - fallback) * terms + fallback * math.log(queue_size + 1)
+
+
+def encoder_check(last: dict, knn_init: float, pc: dict, queue_size: int, memory_size: int) -> dict:
+    """Whether pre-training's encoder learned anything, from its last epoch: its k-NN above
+    a freshly initialised network's, and its L_sel below the no-information value
+    (`no_information_l_sel`). The report flags a run where either fails."""
+    nil = no_information_l_sel(pc, int(last["epoch"]), float(last.get("fallback", 0.0)), queue_size, memory_size)
+    l_sel = float(last.get("l_sel", float("nan")))
+    return {"knn_top1_init": float(knn_init), "l_sel": l_sel, "l_sel_no_information": nil,
+            "encoder_learned": bool(last["knn_top1"] > knn_init and l_sel < nil)}
 
 
 # ------------------------------------------------------- classifier training (§7)
 def _train_classifier(model, data: TrainData, idx_pool: torch.Tensor, tc: dict, device, ckpt, *,
                       desc: str, seed: int, mixup_alpha: float | None, bootstrap: float = 0.0,
-                      bootstrap_start: int | None = None, strong: bool = False, on_epoch=None):
+                      bootstrap_start: int | None = None, strong: bool = False, on_epoch=None,
+                      timing: list | None = None):
     """Shared loop of Sel-CL+ fine-tuning and the CE baseline: SGD on `idx_pool`
-    with noisy labels, test accuracy after every epoch."""
+    with noisy labels, test accuracy after every epoch. `timing`, if given, receives one
+    row of wall-clock seconds per epoch (training steps, test evaluation) and the steps."""
     opt = sgd(model, tc)
     g, np_rng, order = _generators(seed, device)
     history, start = [], 1
@@ -751,6 +799,7 @@ def _train_classifier(model, data: TrainData, idx_pool: torch.Tensor, tc: dict, 
     for epoch in bar:
         model.train()
         means = EpochMeans()
+        t0 = time.perf_counter()
         for it, b in enumerate(_batches(n, B, order, device, tc["drop_last"])):
             set_lr(opt, lr_at(tc, epoch, it, iters))
             idx = idx_pool[b]                             # this rank's shard of the batch
@@ -788,6 +837,9 @@ def _train_classifier(model, data: TrainData, idx_pool: torch.Tensor, tc: dict, 
             loss.backward()
             opt.step()
             means.add({"loss": loss.detach()}, len(idx))
+        if timing is not None:
+            synchronize(device)
+        t1 = time.perf_counter()
         dist.sync_buffers(model)
         scores = test_accuracy(model, data.x_test, data.y_test, data.mean, data.std, data.crop)
         acc = scores["top1"]
@@ -797,6 +849,8 @@ def _train_classifier(model, data: TrainData, idx_pool: torch.Tensor, tc: dict, 
             s2 = test_accuracy(model, data.x_test2, data.y_test2, data.mean, data.std, data.crop)
             row.update(test2_acc=s2["top1"], test2_top5=s2["top5"])
         history.append(row)
+        if timing is not None:      # wall-clock, kept apart from the (bit-reproducible) history
+            timing.append({"epoch": epoch, "train_s": t1 - t0, "eval_s": time.perf_counter() - t1, "steps": iters})
         bar.set_postfix(loss=f"{history[-1]['loss']:.3f}", acc=f"{acc:.2f}")
         if on_epoch:
             on_epoch(history)           # live history (the stage rewrites its CSV)
@@ -839,11 +893,12 @@ def finetune(cfg: dict, data: TrainData, pre: dict, device, ckpt: Checkpointer, 
         raise ValueError("the final selection T is empty: nothing to fine-tune on "
                          "(raise pretrain.alpha, or lower pretrain.k if it is near the images per class)")
     tc = dict(fc, lr_warmup_epochs=0, lr_decay_epochs=[])   # constant lr 0.001
+    timing: list = []
     history = _train_classifier(model, data, T_idx, tc, device, ckpt, desc="fine-tune",
                                 seed=cfg["model"]["seed"] * 1000 + 3, mixup_alpha=fc["mixup_alpha"],
                                 bootstrap=fc["bootstrap"], bootstrap_start=fc["bootstrap_start"],
-                                strong=fc["augment"] == "strong", on_epoch=on_epoch)
-    return {"model": model.state_dict(), "history": history, "n_train": int(len(T_idx))}
+                                strong=fc["augment"] == "strong", on_epoch=on_epoch, timing=timing)
+    return {"model": model.state_dict(), "history": history, "n_train": int(len(T_idx)), "timing": timing}
 
 
 def baseline(cfg: dict, data: TrainData, device, ckpt: Checkpointer, on_epoch=None,
@@ -856,9 +911,11 @@ def baseline(cfg: dict, data: TrainData, device, ckpt: Checkpointer, on_epoch=No
     tc = dict(bc, lr_warmup_epochs=0)
     pool = torch.arange(data.n, device=device) if idx_pool is None else idx_pool.to(device)
     desc = desc or ("CE baseline" if bc["mixup_alpha"] is None else "mixup baseline")
+    timing: list = []
     history = _train_classifier(model, data, pool, tc, device, ckpt, desc=desc,
-                                seed=cfg["model"]["seed"] * 1000 + 4, mixup_alpha=bc["mixup_alpha"], on_epoch=on_epoch)
-    return {"model": model.state_dict(), "history": history}
+                                seed=cfg["model"]["seed"] * 1000 + 4, mixup_alpha=bc["mixup_alpha"], on_epoch=on_epoch,
+                                timing=timing)
+    return {"model": model.state_dict(), "history": history, "timing": timing}
 
 
 def knn_report(model_state: dict, cfg: dict, data: TrainData, device) -> dict:

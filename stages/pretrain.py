@@ -22,6 +22,7 @@ def run(name: str) -> None:
     if not dist.is_main():      # torchrun: rank 0 writes the outputs
         return
     timing = state.pop("timing")
+    check = state.pop("encoder_check")    # knn_top1_init, l_sel(_no_information), encoder_learned
     checkpoint.save(state, out / "pretrain.pt")
     write_history(out / "pretrain_timing.csv", timing)   # wall-clock, not reproducible
     write_history(out / "pretrain_history.csv", state["history"])
@@ -29,6 +30,7 @@ def run(name: str) -> None:
     summary = {k: last[k] for k in ("n_selected", "n_per_class", "threshold", "n_pairs", "precision_T",
                                     "recall_T", "precision_G", "pseudo_label_accuracy", "knn_top1", "test_acc")
                if k in last}
+    summary.update(check or {})           # the report flags an encoder that learned nothing
     summary["env"] = describe(device)     # for the report's environment table (not a DVC metric)
     checkpoint.write_json(out / "pretrain.json", summary)
     ckpt.discard()              # outputs written: the resume state is no longer needed

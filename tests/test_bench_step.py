@@ -87,3 +87,18 @@ def test_each_round_times_both_steps_so_the_ratio_is_taken_within_a_round(monkey
     assert ran == ["sel"] * 3 + ["ce"] * 3 + (["sel"] * 3 + ["ce"] * 3) * 3
     assert sel == [8.0, 16.0, 16.0] and ce == [1.0, 2.0, 2.0]
     assert [a / b for a, b in zip(sel, ce)] == [8.0] * 3     # two blocks minutes apart: 16 / 1
+
+
+def test_profile_totals_count_each_kernel_once():
+    """A CPU op's self device time is its kernels' time, and each kernel is an event of its
+    own too: the total is the kernels' (device) events alone, not both (issue 89: the
+    recorded "35.1 ms of kernels" of gpu_real_h200_4 was 17.5 ms counted twice)."""
+    from types import SimpleNamespace
+
+    import profile_steps
+    from torch.autograd import DeviceType
+    ev = lambda kind, us, note=False: SimpleNamespace(device_type=kind, self_device_time_total=us,  # noqa: E731
+                                                      is_user_annotation=note)
+    events = [ev(DeviceType.CPU, 300.0), ev(DeviceType.CUDA, 200.0), ev(DeviceType.CUDA, 100.0),
+              ev(DeviceType.CPU, 0.0), ev(DeviceType.CUDA, 250.0, note=True)]     # a compiled graph's range
+    assert profile_steps.kernel_time_us(events) == 300.0
