@@ -296,9 +296,10 @@ CASES = [
          setv(f"{S}.model.arch", "preact_resnet18"), patch=no_cuda),
     Case("paper_arch_on_cpu_data_stage", "data", (f"{S}.model.arch", "SELCL_ALLOW_CPU"),
          setv(f"{S}.model.arch", "resnet18"), patch=no_cuda),
-    Case("cuda_oom_pretrain", "pretrain", (f"{S}.pretrain.batch_size", "out of memory"),
+    Case("cuda_oom_pretrain", "pretrain", (f"`pretrain.batch_size` in params/{SETTING}.yaml", "out of memory"),
          patch=oom_in("pretrain", "pretrain"), code=3),
-    Case("cuda_oom_warmup", "warmup", (f"{S}.pretrain.batch_size",), patch=oom_in("warmup", "warmup"), code=3),
+    Case("cuda_oom_warmup", "warmup", (f"`pretrain.batch_size` in params/{SETTING}.yaml",),
+         patch=oom_in("warmup", "warmup"), code=3),
     Case("disk_full_writing_output", "noise", ("no space left", f"{RUN}/labels.npz"), patch=disk_full),
     Case("usage_without_setting", "data", ("usage",), setting=None),
 ]

@@ -107,9 +107,10 @@ def test_pretraining_records_the_check_and_trains_exactly_as_without_it(tmp_path
 def test_the_built_report_carries_the_flag_in_the_setting_section(tmp_path, monkeypatch):
     import json
 
-    import yaml
     from test_report import _build, fake_run
-    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+
+    from selcl.config import load_params
+    params = load_params(ROOT / "params.yaml")
     configs = {n: resolve(params, n) for n in ("cifar10_sym20", "cifar10_asym40")}
     for name, learned in (("cifar10_sym20", True), ("cifar10_asym40", False)):
         fake_run(tmp_path / "runs" / name, selcl_plus=16.2, ce=58.5)
