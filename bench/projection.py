@@ -6,9 +6,9 @@ its fixed per-epoch costs (selection, k-NN, test evaluation); the full setting i
     Σ_stages  steps · step_s  +  epochs · epoch_s  +  compile_s
 
 with the full run's steps (391 a CIFAR pre-training epoch; ⌈|T| / B⌉ a fine-tuning epoch).
-Scaling whole measured epochs instead (bench/gpu_real.py until 2026-12-08) also multiplies
-each epoch's fixed costs, and a first epoch's compilation, by the ratio of the sets: its
-H200 5,000-image run projected 101.7 min where its own step times give about 85.
+Scaling whole measured epochs instead also multiplies each epoch's fixed costs, and a first
+epoch's compilation, by the ratio of the sets: the H200 5,000-image run projected that way
+gave 101.7 min where its own step times give about 85.
 Used by bench/gpu_real.py and bench/gpu_epoch.py.
 """
 from __future__ import annotations
